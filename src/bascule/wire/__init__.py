@@ -1,0 +1,1 @@
+"""Wire formats: the Liftbridge envelope, protobuf messages (pb), the replicate response."""

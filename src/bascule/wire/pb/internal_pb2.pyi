@@ -1,0 +1,37 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicationRequest(_message.Message):
+    __slots__ = ("replicaID", "offset", "leaderEpoch")
+    REPLICAID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
+    replicaID: str
+    offset: int
+    leaderEpoch: int
+    def __init__(self, replicaID: _Optional[str] = ..., offset: _Optional[int] = ..., leaderEpoch: _Optional[int] = ...) -> None: ...
+
+class PartitionNotification(_message.Message):
+    __slots__ = ("stream", "partition")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class LeaderEpochOffsetRequest(_message.Message):
+    __slots__ = ("leaderEpoch",)
+    LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
+    leaderEpoch: int
+    def __init__(self, leaderEpoch: _Optional[int] = ...) -> None: ...
+
+class LeaderEpochOffsetResponse(_message.Message):
+    __slots__ = ("endOffset", "leaderEpoch")
+    ENDOFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
+    endOffset: int
+    leaderEpoch: int
+    def __init__(self, endOffset: _Optional[int] = ..., leaderEpoch: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,84 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bascule.wire.envelope import EnvelopeError, MsgType, encode
+from bascule.wire.replicate import ReplicateResponse, decode_response, encode_response
+
+epochs = st.integers(min_value=0, max_value=2**64 - 1)
+high_watermarks = st.integers(min_value=-1, max_value=2**63 - 1)
+
+
+def test_layout():
+    data = encode_response(leader_epoch=2, hw=-1, entries=b"E")
+    assert data == (
+        b"\xb9\x0e\x43\xb4\x00\x08\x00\x03"
+        + (2).to_bytes(8, "big")
+        + b"\xff" * 8
+        + b"E"
+    )
+
+
+@given(epochs, high_watermarks, st.binary(max_size=200))
+def test_round_trip(leader_epoch: int, hw: int, entries: bytes):
+    response = decode_response(encode_response(leader_epoch, hw, entries))
+    assert (response.leader_epoch, response.hw, bytes(response.entries)) == (
+        leader_epoch,
+        hw,
+        entries,
+    )
+
+
+def test_encode_accepts_a_memoryview_of_entries():
+    log = b"....entries...."
+    data = encode_response(1, 0, memoryview(log)[4:11])
+    assert bytes(decode_response(data).entries) == b"entries"
+
+
+def test_entries_are_a_view_of_the_received_bytes():
+    data = encode_response(1, 5, b"entries")
+    response = decode_response(data)
+    assert isinstance(response, ReplicateResponse)
+    assert response.entries.obj is data
+
+
+def test_no_entries():
+    assert decode_response(encode_response(3, 10, b"")) == ReplicateResponse(3, 10, memoryview(b""))
+
+
+def test_decode_accepts_a_crc_envelope():
+    payload = (4).to_bytes(8, "big") + (9).to_bytes(8, "big") + b"x"
+    response = decode_response(encode(MsgType.REPLICATION_RESPONSE, payload, with_crc=True))
+    assert (response.leader_epoch, response.hw, bytes(response.entries)) == (4, 9, b"x")
+
+
+@pytest.mark.parametrize("body_length", [0, 1, 15])
+def test_short_body(body_length: int):
+    with pytest.raises(EnvelopeError, match="too short"):
+        decode_response(encode(MsgType.REPLICATION_RESPONSE, b"\x00" * body_length))
+
+
+def test_wrong_envelope_type():
+    with pytest.raises(EnvelopeError, match="REPLICATION_RESPONSE"):
+        decode_response(encode(MsgType.REPLICATION_REQUEST, b"\x00" * 16))
+
+
+def test_not_an_envelope():
+    with pytest.raises(EnvelopeError, match="magic"):
+        decode_response(b"\x00" * 32)
+
+
+@given(st.binary(max_size=64))
+def test_garbage_raises_only_envelope_error(data: bytes):
+    try:
+        decode_response(data)
+    except EnvelopeError:
+        pass
+
+
+@given(st.binary(max_size=40))
+def test_garbage_after_a_valid_header_raises_only_envelope_error(body: bytes):
+    try:
+        decode_response(encode(MsgType.REPLICATION_RESPONSE, b"") + body)
+    except EnvelopeError:
+        pass
