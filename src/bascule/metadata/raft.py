@@ -1,0 +1,152 @@
+"""The pysyncobj shell around the metadata state machine.
+
+pysyncobj runs its own tick thread; commands are applied there. Results travel to
+the asyncio loop with ``call_soon_threadsafe``, and readers on the loop take the
+state lock only for as long as a read takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import msgpack
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from bascule.metadata.state import MetadataState
+from bascule.wire.commands import CommandError, decode_command, encode_command
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class NoMetadataLeader(Exception):
+    """No Raft leader is known, or leadership moved while a command was in flight."""
+
+
+class MetadataError(Exception):
+    """The state machine refused a command; ``code`` is a gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class MetadataStore(SyncObjConsumer):
+    """The replicated consumer: decodes journaled commands into the state machine."""
+
+    def __init__(self, on_applied: Callable[[], None]) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.state = MetadataState()
+        self.on_applied = on_applied
+
+    @replicated
+    def apply(self, command: bytes) -> tuple[str, str] | None:
+        try:
+            decoded = decode_command(command)
+        except CommandError as exc:
+            # A command journaled by another bascule version: refuse it the same way on every node.
+            log.error("refusing journaled command: %s", exc)
+            return "INVALID_ARGUMENT", str(exc)
+        with self.lock:
+            result = self.state.apply(decoded)
+        self.on_applied()
+        return result
+
+    def _serialize(self) -> bytes:
+        with self.lock:
+            return msgpack.packb(self.state.snapshot(), use_bin_type=True)
+
+    def _deserialize(self, data: bytes) -> None:
+        restored = MetadataState.restore(msgpack.unpackb(data, raw=False, strict_map_key=False))
+        with self.lock:
+            self.state = restored
+        self.on_applied()
+
+
+def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncObjConf:
+    raft_dir = data_dir / "raft"
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    return SyncObjConf(
+        journalFile=str(raft_dir / "journal"),
+        fullDumpFile=str(raft_dir / "dump"),
+        bindAddress=bind_address,
+        password=password or None,
+        dynamicMembershipChange=True,
+        useFork=False,
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=0.05,
+        raftMinTimeout=0.2,
+        raftMaxTimeout=0.5,
+        connectionTimeout=0.5,
+        connectionRetryTime=0.5,
+        autoTickPeriod=0.02,
+        leaderFallbackTimeout=3.0,
+    )
+
+
+class MetadataRaft:
+    def __init__(
+        self,
+        address: str,
+        peers: list[str],
+        data_dir: Path,
+        password: str | None,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.address = address
+        self._loop = asyncio.get_running_loop()
+        self._on_change = on_change
+        self._store = MetadataStore(self._applied)
+        self._sync = SyncObj(
+            address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
+        )
+
+    def _applied(self) -> None:
+        self._loop.call_soon_threadsafe(self._on_change)
+
+    async def propose(self, op: str, **fields: Any) -> None:
+        command = encode_command(op, **fields)
+        done: asyncio.Future[tuple[Any, int]] = self._loop.create_future()
+
+        def finished(result: Any, reason: int) -> None:
+            self._loop.call_soon_threadsafe(_settle, done, (result, reason))
+
+        self._store.apply(command, callback=finished)
+        result, reason = await done
+        if reason != FAIL_REASON.SUCCESS:
+            raise NoMetadataLeader(f"metadata command not committed (reason {reason})")
+        if result is not None:
+            raise MetadataError(*result)
+
+    def read(self, reader: Callable[[MetadataState], T]) -> T:
+        with self._store.lock:
+            return reader(self._store.state)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._sync._isLeader()
+
+    @property
+    def leader(self) -> str | None:
+        node = self._sync._getLeader()
+        return node.address if node is not None else None
+
+    def status(self) -> dict[str, Any]:
+        return self._sync.getStatus()
+
+    def add_voter(self, address: str, callback: Callable[[Any, int], None] | None = None) -> None:
+        self._sync.addNodeToCluster(address, callback=callback)
+
+    def close(self) -> None:
+        self._sync.destroy()
+
+
+def _settle(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,115 @@
+import msgpack
+import pytest
+from hypothesis import given, strategies as st
+
+from bascule.metadata.placement import PlacementError, place, replica_count
+from bascule.metadata.state import (
+    ALREADY_EXISTS, FAILED_PRECONDITION, NOT_FOUND, MetadataState,
+)
+from bascule.wire.commands import CommandError, decode_command, encode_command
+
+
+def apply(state, op, **fields):
+    return state.apply(decode_command(encode_command(op, **fields)))
+
+
+def stream_state(replicas=(("a", "b", "c"),)):
+    state = MetadataState()
+    for broker in "abc":
+        apply(state, "register_broker", id=broker, host="h", port=1, raft=f"h:{ord(broker)}")
+    assert apply(state, "create_stream", name="s", subject="foo", group="", created=1,
+                 settings={}, replicas=[list(r) for r in replicas]) is None
+    return state
+
+
+def test_create_stream_places_leader_first_and_full_isr():
+    state = stream_state()
+    p = state.partition("s", 0)
+    assert (p.leader, p.isr, p.leader_epoch, p.epoch) == ("a", ["a", "b", "c"], 0, 0)
+
+
+def test_duplicate_stream_is_already_exists():
+    state = stream_state()
+    result = apply(state, "create_stream", name="s", subject="x", group="", created=2, settings={}, replicas=[["a"]])
+    assert result[0] == ALREADY_EXISTS
+
+
+def test_delete_unknown_stream_is_not_found():
+    assert apply(MetadataState(), "delete_stream", name="nope")[0] == NOT_FOUND
+
+
+def test_leader_change_needs_current_epoch_and_isr_member():
+    state = stream_state()
+    assert apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0) is None
+    p = state.partition("s", 0)
+    assert (p.leader, p.leader_epoch) == ("b", 1)
+    stale = apply(state, "change_leader", name="s", partition=0, leader="c", leader_epoch=0)
+    assert stale[0] == FAILED_PRECONDITION and state.partition("s", 0).leader == "b"
+
+
+def test_isr_change_from_stale_leader_is_rejected():
+    state = stream_state()
+    apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0)
+    zombie = apply(state, "change_isr", name="s", partition=0, replica="c", add=False, leader="a", leader_epoch=0)
+    assert zombie[0] == FAILED_PRECONDITION
+    assert state.partition("s", 0).isr == ["a", "b", "c"]
+    assert apply(state, "change_isr", name="s", partition=0, replica="c", add=False, leader="b", leader_epoch=1) is None
+    assert state.partition("s", 0).isr == ["a", "b"]
+
+
+def test_pause_resume_all_and_readonly():
+    state = stream_state(replicas=(("a",), ("b",)))
+    apply(state, "pause", name="s", partitions=[], resume_all=True, at=5)
+    assert all(p.paused for p in state.streams["s"].partitions.values())
+    apply(state, "resume", name="s", partition=1)
+    assert not any(p.paused for p in state.streams["s"].partitions.values())
+    apply(state, "set_readonly", name="s", partitions=[1], readonly=True, at=7)
+    assert state.partition("s", 1).readonly and not state.partition("s", 0).readonly
+    assert apply(state, "set_readonly", name="s", partitions=[9], readonly=True, at=7)[0] == NOT_FOUND
+
+
+def test_snapshot_restore_round_trip():
+    state = stream_state()
+    apply(state, "pause", name="s", partitions=[0], resume_all=False, at=3)
+    packed = msgpack.packb(state.snapshot(), use_bin_type=True)
+    restored = MetadataState.restore(msgpack.unpackb(packed, raw=False, strict_map_key=False))
+    assert restored.snapshot() == state.snapshot()
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\xc1", b"\x93\x01\x02\x03", msgpack.packb({"op": "explode"}),
+                                     msgpack.packb({"op": "delete_stream", "name": 3}),
+                                     msgpack.packb({"op": "delete_stream", "name": "s", "x": 1}),
+                                     msgpack.packb({"op": "resume", "name": "s", "partition": True})])
+def test_garbage_commands_are_refused(garbage):
+    with pytest.raises(CommandError):
+        decode_command(garbage)
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_never_crash_the_decoder(data):
+    try:
+        decode_command(data)
+    except CommandError:
+        pass
+
+
+def test_replica_count_rules():
+    assert replica_count(0, 3) == 1 and replica_count(-1, 3) == 3 and replica_count(2, 3) == 2
+    with pytest.raises(PlacementError):
+        replica_count(4, 3)
+    with pytest.raises(PlacementError):
+        replica_count(-2, 3)
+
+
+def test_placement_spreads_replicas_and_leaders_evenly():
+    brokers = ["a", "b", "c"]
+    placed = place(brokers, {}, {}, 2, 6)
+    replicas = [b for p in placed for b in p]
+    assert {b: replicas.count(b) for b in brokers} == {"a": 4, "b": 4, "c": 4}
+    leaders = [p[0] for p in placed]
+    assert {b: leaders.count(b) for b in brokers} == {"a": 2, "b": 2, "c": 2}
+    assert all(len(set(p)) == 2 for p in placed)
+
+
+def test_placement_prefers_least_loaded_brokers():
+    assert place(["a", "b", "c"], {"a": 5, "b": 0, "c": 1}, {"a": 5}, 1, 1) == [["b"]]
