@@ -1,0 +1,19 @@
+"""Helpers for tests that need real bascule processes; see `bascule.testing.local`."""
+
+from bascule.testing.local import (
+    LocalCluster,
+    LocalNatsServer,
+    LocalNode,
+    LocalProcessError,
+    free_port,
+    nats_server_binary,
+)
+
+__all__ = [
+    "LocalCluster",
+    "LocalNatsServer",
+    "LocalNode",
+    "LocalProcessError",
+    "free_port",
+    "nats_server_binary",
+]

@@ -1,0 +1,350 @@
+"""Liftbridge's gRPC API (``proto.API``) on top of a bascule node.
+
+Each RPC translates between protobuf and the node; status codes and messages are
+Liftbridge's, because existing clients branch on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from bascule.api import positions
+from bascule.api.cursors import CursorError, Cursors
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.node import capture
+from bascule.node.node import LocalPartition, Node
+from bascule.partition.log import OffsetOutOfRange
+from bascule.partition.replica import NotLeader, PartitionClosed
+from bascule.wire.entry import CorruptEntry, Entry, Record
+from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_BATCH = 512
+IDLE_RECHECK = 1.0
+NO_LEADER = "no known metadata leader"
+
+# CreateStream's optional settings: request field -> (settings key, scale to bascule's unit).
+_DURATION_MS = 0.001
+STREAM_SETTINGS = {
+    "retentionMaxBytes": ("retention_max_bytes", 1),
+    "retentionMaxMessages": ("retention_max_messages", 1),
+    "retentionMaxAge": ("retention_max_age", _DURATION_MS),
+    "cleanerInterval": ("cleaner_interval", _DURATION_MS),
+    "segmentMaxBytes": ("segment_max_bytes", 1),
+    "segmentMaxAge": ("segment_max_age", _DURATION_MS),
+    "compactMaxGoroutines": ("compact_max_goroutines", 1),
+    "compactEnabled": ("compact_enabled", None),
+    "autoPauseTime": ("auto_pause_time", _DURATION_MS),
+    "autoPauseDisableIfSubscribers": ("auto_pause_disable_if_subscribers", None),
+    "minIsr": ("min_isr", 1),
+    "optimisticConcurrencyControl": ("optimistic_concurrency_control", None),
+    "encryption": ("encryption", None),
+}
+
+_METADATA_CODES = {
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def stream_settings(request: api_pb2.CreateStreamRequest) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for field, (key, scale) in STREAM_SETTINGS.items():
+        if request.HasField(field):
+            value = getattr(request, field).value
+            settings[key] = value if scale is None else value * scale
+    return settings
+
+
+class API(api_pb2_grpc.APIServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.cursors = Cursors(node)
+
+    async def _metadata_call(self, context: grpc.aio.ServicerContext, proposal: Any) -> None:
+        try:
+            await proposal
+        except MetadataError as exc:
+            await context.abort(_METADATA_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
+        except NoMetadataLeader:
+            await context.abort(grpc.StatusCode.INTERNAL, NO_LEADER)
+
+    async def CreateStream(self, request, context):
+        await self._metadata_call(
+            context,
+            self.node.create_stream(
+                request.name, request.subject, request.group, request.replicationFactor,
+                request.partitions, stream_settings(request),
+            ),
+        )
+        return api_pb2.CreateStreamResponse()
+
+    async def DeleteStream(self, request, context):
+        await self._metadata_call(context, self.node.raft.propose("delete_stream", name=request.name))
+        return api_pb2.DeleteStreamResponse()
+
+    async def PauseStream(self, request, context):
+        await self._metadata_call(
+            context,
+            self.node.raft.propose(
+                "pause", name=request.name, partitions=list(request.partitions),
+                resume_all=request.resumeAll, at=time.time_ns(),
+            ),
+        )
+        return api_pb2.PauseStreamResponse()
+
+    async def SetStreamReadonly(self, request, context):
+        await self._metadata_call(
+            context,
+            self.node.raft.propose(
+                "set_readonly", name=request.name, partitions=list(request.partitions),
+                readonly=request.readonly, at=time.time_ns(),
+            ),
+        )
+        return api_pb2.SetStreamReadonlyResponse()
+
+    async def FetchMetadata(self, request, context):
+        return self.node.read(lambda state: self._metadata(state, list(request.streams)))
+
+    def _metadata(self, state, names: list[str]) -> api_pb2.FetchMetadataResponse:
+        response = api_pb2.FetchMetadataResponse()
+        for broker in state.brokers.values():
+            response.brokers.add(
+                id=broker.id, host=broker.host, port=broker.port,
+                partitionCount=sum(
+                    broker.id in p.replicas for s in state.streams.values() for p in s.partitions.values()
+                ),
+                leaderCount=state.partitions_led_by().get(broker.id, 0),
+            )
+        for name in names or sorted(state.streams):
+            stream = state.streams.get(name)
+            if stream is None:
+                response.streamMetadata.add(
+                    name=name, error=api_pb2.StreamMetadata.Error.UNKNOWN_STREAM
+                )
+                continue
+            entry = response.streamMetadata.add(
+                name=stream.name, subject=stream.subject, creationTimestamp=stream.created
+            )
+            for partition in stream.partitions.values():
+                entry.partitions[partition.id].CopyFrom(self._partition_metadata(partition))
+        return response
+
+    def _partition_metadata(self, partition) -> api_pb2.PartitionMetadata:
+        local = self.node.local_partition(partition.stream, partition.id)
+        hw, newest = -1, -1
+        if local is not None and not local.replica.closed:
+            hw, newest = local.replica.high_watermark, local.replica.log.newest_offset
+        return api_pb2.PartitionMetadata(
+            id=partition.id, leader=partition.leader, replicas=partition.replicas,
+            isr=partition.isr, highWatermark=hw, newestOffset=newest,
+            paused=partition.paused, readonly=partition.readonly,
+        )
+
+    async def FetchPartitionMetadata(self, request, context):
+        await self._leader_partition(request.stream, request.partition, context)
+        partition = self.node.read(lambda s: s.partition(request.stream, request.partition))
+        return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(partition))
+
+    async def _leader_partition(
+        self, stream: str, partition: int, context, allow_isr: bool = False
+    ) -> LocalPartition:
+        meta = self.node.read(lambda s: s.partition(stream, partition))
+        if meta is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+        local = self.node.local_partition(stream, partition)
+        leads = meta.leader == self.node.server_id
+        readable = leads or (allow_isr and self.node.server_id in meta.isr)
+        if local is None or not readable:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
+        return local
+
+    # ---- Subscribe ----------------------------------------------------------------------------
+
+    async def Subscribe(self, request, context):
+        local = await self._leader_partition(
+            request.stream, request.partition, context, allow_isr=request.readISRReplica
+        )
+        replica = local.replica
+        bounds = positions.LogBounds(
+            replica.log.oldest_offset, replica.log.newest_offset, replica.high_watermark
+        )
+        try:
+            offset = positions.start_offset(request, bounds, replica.log.offset_for_timestamp)
+            stop = positions.stop_rule(request, bounds)
+        except positions.PositionError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except positions.EndOfStream as exc:
+            yield api_pb2.Message()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        yield api_pb2.Message()  # handshake: clients wait for it before reading
+        while True:
+            try:
+                entries = replica.read_committed(offset, SUBSCRIBE_BATCH)
+            except OffsetOutOfRange:
+                offset = replica.log.oldest_offset  # retention removed what we were about to read
+                continue
+            except CorruptEntry as exc:
+                log.error("corrupt entry in %s/%s: %s", request.stream, request.partition, exc)
+                await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+            for entry in entries:
+                if stop.done_before(entry.offset, entry.timestamp):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
+                yield message_from_entry(request.stream, request.partition, entry)
+                if stop.done_after(entry.offset):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+                offset = entry.offset + 1
+            if entries:
+                continue
+            await self._end_of_data(replica, offset, context)
+            await replica.wait_for_data(IDLE_RECHECK)
+
+    async def _end_of_data(self, replica, offset: int, context) -> None:
+        if replica.closed:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "Partition deleted")
+        if replica.paused:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Partition paused")
+        if replica.readonly and offset > replica.log.newest_offset:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "End of readonly partition")
+
+    # ---- Publish ------------------------------------------------------------------------------
+
+    async def Publish(self, request, context):
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        try:
+            ack = await self.node_publish(request, wait)
+        except PublishError as exc:
+            await context.abort(exc.status, exc.message)
+        return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
+
+    async def node_publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        meta = self.node.read(lambda s: s.partition(request.stream, request.partition))
+        if meta is None:
+            raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
+        if meta.readonly:
+            raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
+        if meta.paused:
+            await self.node.raft.propose("resume", name=request.stream, partition=request.partition)
+        local = self.node.local_partition(request.stream, request.partition)
+        if local is None or meta.leader != self.node.server_id:
+            return await self.node.publish_remote(request, wait)
+        record = Record(value=request.value, key=request.key or None, headers=dict(request.headers))
+        if not wait:
+            local.replica.submit(record, want_offset=False)
+            return None
+        try:
+            return await self.node.publish_local(
+                local, record, request.ackPolicy, request.correlationId, local.subject
+            )
+        except (PartitionClosed, NotLeader, OSError) as exc:
+            raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
+
+    async def PublishAsync(self, request_iterator, context):
+        responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
+        in_flight: set[asyncio.Task] = set()
+
+        async def one(request: api_pb2.PublishRequest) -> None:
+            try:
+                ack = await self.node_publish(request, request.ackPolicy != api_pb2.AckPolicy.NONE)
+            except PublishError as exc:
+                error = api_pb2.PublishAsyncError(
+                    code=getattr(api_pb2.PublishAsyncError.Code, exc.async_code), message=exc.message
+                )
+                await responses.put(api_pb2.PublishResponse(correlationId=request.correlationId, asyncError=error))
+                return
+            if ack is not None:
+                await responses.put(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+
+        async def read_requests() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(one(request))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            while in_flight:
+                await asyncio.gather(*list(in_flight), return_exceptions=True)
+            await responses.put(None)
+
+        reader = asyncio.create_task(read_requests())
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+
+    async def PublishToSubject(self, request, context):
+        message = api_pb2.Message(
+            key=request.key, value=request.value, headers=request.headers,
+            correlationId=request.correlationId, ackPolicy=request.ackPolicy,
+        )
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        try:
+            ack = await self.node.publish_to_subject(request.subject, message, wait, context.time_remaining())
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for ack")
+        return api_pb2.PublishToSubjectResponse(ack=ack) if ack else api_pb2.PublishToSubjectResponse()
+
+    # ---- cursors ------------------------------------------------------------------------------
+
+    async def SetCursor(self, request, context):
+        try:
+            await self.cursors.set(request.stream, request.partition, request.cursorId, request.offset)
+        except CursorError as exc:
+            await context.abort(exc.status, exc.message)
+        return api_pb2.SetCursorResponse()
+
+    async def FetchCursor(self, request, context):
+        try:
+            offset = self.cursors.fetch(request.stream, request.partition, request.cursorId)
+        except CursorError as exc:
+            await context.abort(exc.status, exc.message)
+        return api_pb2.FetchCursorResponse(offset=offset)
+
+
+class PublishError(Exception):
+    def __init__(self, status: grpc.StatusCode, message: str, async_code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.async_code = status, message, async_code
+
+
+def message_from_entry(stream: str, partition: int, entry: Entry) -> api_pb2.Message:
+    headers = entry.headers
+    return api_pb2.Message(
+        offset=entry.offset,
+        key=entry.key or b"",
+        value=entry.value,
+        timestamp=entry.timestamp,
+        stream=stream,
+        partition=partition,
+        subject=headers.get("subject", b"").decode(errors="replace"),
+        replySubject=headers.get("reply", b"").decode(errors="replace"),
+        headers=headers,
+    )
+
+
+def bind(node: Node, host: str, port: int, tls: tuple[bytes, bytes] | None = None) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server for ``node``, bound but not yet serving; returns it and its port (``port`` 0 = free)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ]
+    )
+    api_pb2_grpc.add_APIServicer_to_server(API(node), server)
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        cert, key = tls
+        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    if not bound:
+        raise OSError(f"cannot listen on {address}")
+    return server, bound

@@ -1,0 +1,342 @@
+"""bascule's async Python client, over Liftbridge's gRPC API.
+
+Partition calls go to the partition's leader, found in the cluster metadata; the
+client keeps one channel per broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
+START_POSITIONS = {
+    "new": api_pb2.StartPosition.NEW_ONLY,
+    "earliest": api_pb2.StartPosition.EARLIEST,
+    "latest": api_pb2.StartPosition.LATEST,
+    "offset": api_pb2.StartPosition.OFFSET,
+    "timestamp": api_pb2.StartPosition.TIMESTAMP,
+}
+_NULLABLE_SETTINGS = {
+    "retention_max_bytes": ("retentionMaxBytes", 1),
+    "retention_max_messages": ("retentionMaxMessages", 1),
+    "retention_max_age": ("retentionMaxAge", 1000),  # seconds -> ms
+    "segment_max_bytes": ("segmentMaxBytes", 1),
+    "segment_max_age": ("segmentMaxAge", 1000),
+    "min_isr": ("minIsr", 1),
+}
+
+
+class BasculeError(Exception):
+    """A failed call: ``code`` is the gRPC status code, ``message`` the server's reason."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class Message:
+    stream: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes
+    subject: str
+    headers: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class Ack:
+    stream: str
+    partition_subject: str
+    offset: int
+    correlation_id: str
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    id: int
+    leader: str
+    replicas: list[str]
+    isr: list[str]
+    high_watermark: int
+    newest_offset: int
+    paused: bool
+    readonly: bool
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    name: str
+    subject: str
+    partitions: dict[int, PartitionInfo]
+    exists: bool = True
+
+
+@dataclass(frozen=True)
+class Metadata:
+    brokers: dict[str, str]  # id -> host:port
+    streams: dict[str, StreamInfo] = field(default_factory=dict)
+
+
+def _rpc_errors(call):
+    async def wrapper(*args, **kwargs):
+        try:
+            return await call(*args, **kwargs)
+        except grpc.aio.AioRpcError as exc:
+            raise BasculeError(exc.code(), exc.details() or "") from None
+
+    wrapper.__name__ = call.__name__
+    wrapper.__doc__ = call.__doc__
+    return wrapper
+
+
+class Client:
+    def __init__(self, address: str = "127.0.0.1:9292", *, timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._leaders: dict[tuple[str, int], str] = {}
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    def _stub(self, address: str | None = None) -> api_pb2_grpc.APIStub:
+        address = address or self.address
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(
+                address,
+                options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+            )
+        return api_pb2_grpc.APIStub(self._channels[address])
+
+    async def _leader_stub(self, stream: str, partition: int) -> api_pb2_grpc.APIStub:
+        if (stream, partition) not in self._leaders:
+            metadata = await self.fetch_metadata(stream)
+            info = metadata.streams[stream]
+            if not info.exists or partition not in info.partitions:
+                raise BasculeError(grpc.StatusCode.NOT_FOUND, f"no such stream or partition: {stream}/{partition}")
+            leader = info.partitions[partition].leader
+            self._leaders[stream, partition] = metadata.brokers.get(leader, self.address)
+        return self._stub(self._leaders[stream, partition])
+
+    @_rpc_errors
+    async def create_stream(
+        self,
+        name: str,
+        subject: str | None = None,
+        *,
+        group: str = "",
+        replication_factor: int = 1,
+        partitions: int = 1,
+        **settings: int,
+    ) -> None:
+        """Create a stream; settings: retention_max_bytes/messages/age (s), segment_max_bytes/age (s), min_isr."""
+        request = api_pb2.CreateStreamRequest(
+            name=name, subject=subject or name, group=group,
+            replicationFactor=replication_factor, partitions=partitions,
+        )
+        for key, value in settings.items():
+            if key not in _NULLABLE_SETTINGS:
+                raise ValueError(f"unknown stream setting {key!r}")
+            field_name, scale = _NULLABLE_SETTINGS[key]
+            getattr(request, field_name).value = int(value * scale)
+        await self._stub().CreateStream(request, timeout=self.timeout)
+
+    @_rpc_errors
+    async def delete_stream(self, name: str) -> None:
+        await self._stub().DeleteStream(api_pb2.DeleteStreamRequest(name=name), timeout=self.timeout)
+        self._leaders = {k: v for k, v in self._leaders.items() if k[0] != name}
+
+    @_rpc_errors
+    async def pause_stream(self, name: str, partitions: Iterable[int] = (), resume_all: bool = False) -> None:
+        request = api_pb2.PauseStreamRequest(name=name, partitions=list(partitions), resumeAll=resume_all)
+        await self._stub().PauseStream(request, timeout=self.timeout)
+
+    @_rpc_errors
+    async def set_stream_readonly(self, name: str, partitions: Iterable[int] = (), readonly: bool = True) -> None:
+        request = api_pb2.SetStreamReadonlyRequest(name=name, partitions=list(partitions), readonly=readonly)
+        await self._stub().SetStreamReadonly(request, timeout=self.timeout)
+
+    @_rpc_errors
+    async def fetch_metadata(self, *streams: str) -> Metadata:
+        response = await self._stub().FetchMetadata(
+            api_pb2.FetchMetadataRequest(streams=list(streams)), timeout=self.timeout
+        )
+        brokers = {b.id: f"{b.host}:{b.port}" for b in response.brokers}
+        infos = {}
+        for s in response.streamMetadata:
+            partitions = {pid: _partition_info(p) for pid, p in s.partitions.items()}
+            exists = s.error != api_pb2.StreamMetadata.Error.UNKNOWN_STREAM
+            infos[s.name] = StreamInfo(s.name, s.subject, partitions, exists)
+        return Metadata(brokers, infos)
+
+    @_rpc_errors
+    async def fetch_partition_metadata(self, stream: str, partition: int = 0) -> PartitionInfo:
+        stub = await self._leader_stub(stream, partition)
+        response = await stub.FetchPartitionMetadata(
+            api_pb2.FetchPartitionMetadataRequest(stream=stream, partition=partition), timeout=self.timeout
+        )
+        return _partition_info(response.metadata)
+
+    @_rpc_errors
+    async def publish(
+        self,
+        stream: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        partition: int = 0,
+        ack_policy: str = "leader",
+        correlation_id: str = "",
+    ) -> Ack | None:
+        """Publish one message; returns its ack (None with ack policy "none")."""
+        stub = await self._leader_stub(stream, partition)
+        request = _publish_request(stream, value, key, headers, partition, ack_policy, correlation_id)
+        response = await stub.Publish(request, timeout=self.timeout)
+        return _ack(response.ack) if response.HasField("ack") else None
+
+    @_rpc_errors
+    async def publish_many(
+        self,
+        stream: str,
+        values: Iterable[bytes],
+        *,
+        partition: int = 0,
+        ack_policy: str = "leader",
+    ) -> list[Ack]:
+        """Publish a batch through one PublishAsync stream; returns acks in publish order."""
+        stub = await self._leader_stub(stream, partition)
+        requests = [
+            _publish_request(stream, value, None, None, partition, ack_policy, str(index))
+            for index, value in enumerate(values)
+        ]
+        acks: dict[int, Ack] = {}
+        if ACK_POLICIES[ack_policy] == api_pb2.AckPolicy.NONE:
+            call = stub.PublishAsync(iter(requests))
+            async for _ in call:
+                pass
+            return []
+        async for response in stub.PublishAsync(iter(requests), timeout=self.timeout + len(requests) / 1000):
+            if response.HasField("asyncError"):
+                raise BasculeError(grpc.StatusCode.UNKNOWN, response.asyncError.message)
+            acks[int(response.correlationId)] = _ack(response.ack)
+            if len(acks) == len(requests):
+                break
+        return [acks[i] for i in range(len(requests))]
+
+    async def subscribe(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: str = "new",
+        offset: int | None = None,
+        timestamp: int | None = None,
+        stop_offset: int | None = None,
+        stop_latest: bool = False,
+        read_isr_replica: bool = False,
+    ) -> AsyncIterator[Message]:
+        """Messages of one partition from the start position; ends at a stop position, if one is given."""
+        request = api_pb2.SubscribeRequest(
+            stream=stream, partition=partition, readISRReplica=read_isr_replica,
+            startPosition=START_POSITIONS["offset" if offset is not None else start],
+        )
+        if offset is not None:
+            request.startOffset = offset
+        if timestamp is not None:
+            request.startPosition, request.startTimestamp = api_pb2.StartPosition.TIMESTAMP, timestamp
+        if stop_offset is not None:
+            request.stopPosition, request.stopOffset = api_pb2.StopPosition.STOP_OFFSET, stop_offset
+        elif stop_latest:
+            request.stopPosition = api_pb2.StopPosition.STOP_LATEST
+        try:
+            stub = await self._leader_stub(stream, partition)
+            call = stub.Subscribe(request)
+            first = True
+            async for message in call:
+                if first:
+                    first = False  # the server's empty handshake message
+                    continue
+                yield _message(message)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return  # the stop position was reached
+            raise BasculeError(exc.code(), exc.details() or "") from None
+
+    @_rpc_errors
+    async def set_cursor(self, stream: str, partition: int, cursor_id: str, offset: int) -> None:
+        request = api_pb2.SetCursorRequest(stream=stream, partition=partition, cursorId=cursor_id, offset=offset)
+        await self._cursor_call("SetCursor", request)
+
+    @_rpc_errors
+    async def fetch_cursor(self, stream: str, partition: int, cursor_id: str) -> int:
+        request = api_pb2.FetchCursorRequest(stream=stream, partition=partition, cursorId=cursor_id)
+        return (await self._cursor_call("FetchCursor", request)).offset
+
+    async def _cursor_call(self, method: str, request):
+        # The cursor's partition leader is not known to the client: try each broker in turn.
+        metadata = await self.fetch_metadata()
+        last_error: grpc.aio.AioRpcError | None = None
+        for address in [self.address, *metadata.brokers.values()]:
+            try:
+                return await getattr(self._stub(address), method)(request, timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                last_error = exc
+        raise last_error
+
+    async def wait_ready(self, deadline: float = 10.0) -> None:
+        """Wait until the server answers metadata requests with at least one broker."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        while True:
+            try:
+                if (await self.fetch_metadata()).brokers:
+                    return
+            except BasculeError:
+                if loop.time() > end:
+                    raise
+            if loop.time() > end:
+                raise BasculeError(grpc.StatusCode.UNAVAILABLE, "no broker registered")
+            await asyncio.sleep(0.1)
+
+
+def _publish_request(stream, value, key, headers, partition, ack_policy, correlation_id) -> api_pb2.PublishRequest:
+    return api_pb2.PublishRequest(
+        stream=stream, value=value, key=key or b"", headers=dict(headers or {}),
+        partition=partition, ackPolicy=ACK_POLICIES[ack_policy], correlationId=correlation_id,
+    )
+
+
+def _partition_info(p: api_pb2.PartitionMetadata) -> PartitionInfo:
+    return PartitionInfo(
+        p.id, p.leader, list(p.replicas), list(p.isr), p.highWatermark, p.newestOffset, p.paused, p.readonly
+    )
+
+
+def _ack(a: api_pb2.Ack) -> Ack:
+    return Ack(a.stream, a.partitionSubject, a.offset, a.correlationId)
+
+
+def _message(m: api_pb2.Message) -> Message:
+    return Message(
+        m.stream, m.partition, m.offset, m.timestamp, m.key or None, m.value, m.subject, dict(m.headers)
+    )

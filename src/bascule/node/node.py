@@ -1,0 +1,435 @@
+"""A bascule node: embedded NATS, metadata Raft, partition replicas and the gRPC API, wired together.
+
+The node never acts inside a Raft apply. Every metadata change schedules one
+reconcile on the event loop, which compares the state machine with the replicas
+this node runs and opens, promotes, pauses or removes them to match; replaying the
+journal after a restart therefore rebuilds exactly the same set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bascule.metadata.placement import PlacementError, place
+from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.state import INVALID_ARGUMENT, MetadataState, Partition, Stream
+from bascule.node import capture
+from bascule.node.config import Config
+from bascule.node.embedded_nats import EmbeddedNats
+from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_error, subject_error
+from bascule.partition.log import CommitLog, LogConfig
+from bascule.partition.replica import Appended, PartitionReplica, SyncPolicy
+from bascule.wire import envelope
+from bascule.wire.entry import Record
+from bascule.wire.pb import api_pb2
+
+log = logging.getLogger(__name__)
+
+# A capture subscription must never drop plain-NATS messages silently (see nats-py's
+# slow-consumer behaviour); these bounds are far above any burst one loop turn sees.
+CAPTURE_PENDING_MSGS = 4_000_000
+CAPTURE_PENDING_BYTES = 2 * 1024 * 1024 * 1024
+HW_CHECKPOINT_INTERVAL = 5.0
+REMOTE_ACK_TIMEOUT = 30.0
+NATS_DEFAULT_PORT = 4222
+
+
+@dataclass
+class LocalPartition:
+    replica: PartitionReplica
+    subject: str
+    group: str
+    capture: Subscription | None = None
+    readers: set[asyncio.Task] = field(default_factory=set)
+
+
+class Node:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir).resolve()
+        self.server_id = ""
+        self.api_port = 0
+        self.nats: nats.NATS | None = None
+        self.raft: MetadataRaft | None = None
+        self.partitions: dict[tuple[str, int], LocalPartition] = {}
+        self._embedded: EmbeddedNats | None = None
+        self._reconcile_scheduled = False
+        self._reconcile_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+        self._ack_prefix = ""
+        self._ack_waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
+        self._ack_sequence = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, api_port: int) -> None:
+        self.api_port = api_port
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.server_id = self._server_id()
+        nats_url = await self._start_nats()
+        self.nats = await nats.connect(
+            nats_url,
+            name=f"bascule-{self.server_id}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=self._nats_error,
+        )
+        self._ack_prefix = f"_INBOX.bascule.{self.server_id}.{uuid.uuid4().hex[:8]}"
+        await self.nats.subscribe(self._ack_prefix + ".*", cb=self._on_ack)
+        raft_address = self._raft_address()
+        peers = [p for p in self.config.clustering.raft_bootstrap_peers if p != raft_address]
+        self.raft = MetadataRaft(
+            raft_address,
+            peers,
+            self.data_dir,
+            self.config.clustering.raft_password,
+            self._schedule_reconcile,
+        )
+        self._spawn(self._register_broker(raft_address))
+        self._spawn(self._periodic(HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks))
+        self._spawn(self._periodic(self.config.streams.cleaner_interval, self._enforce_retention))
+        sync_interval = self._sync_policy().interval
+        if sync_interval:
+            self._spawn(self._periodic(sync_interval, self._sync_partitions))
+        log.info("node %s started: nats %s, raft %s", self.server_id, nats_url, raft_address)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for key in list(self.partitions):
+            await self._close_partition(key, delete=False)
+        if self.raft is not None:
+            self.raft.close()
+        if self.nats is not None and not self.nats.is_closed:
+            await self.nats.close()
+        if self._embedded is not None:
+            await self._embedded.stop()
+
+    async def _start_nats(self) -> str:
+        nats_config = self.config.nats
+        if not nats_config.embedded:
+            return ",".join(nats_config.servers)
+        config_file = nats_config.embedded_config or None
+        # Like Liftbridge, the embedded server takes NATS's usual port unless its config file says otherwise.
+        self._embedded = EmbeddedNats(
+            port=None if config_file else NATS_DEFAULT_PORT,
+            config_file=config_file,
+            log_dir=self.data_dir,
+        )
+        await self._embedded.start()
+        return self._embedded.url
+
+    def _server_id(self) -> str:
+        configured = self.config.clustering.server_id
+        id_file = self.data_dir / "server-id"
+        if configured:
+            return configured
+        # A generated id must survive restarts: partitions name their replicas by it.
+        if id_file.exists():
+            return id_file.read_text().strip()
+        generated = uuid.uuid4().hex[:16]
+        id_file.write_text(generated + "\n")
+        return generated
+
+    def _raft_address(self) -> str:
+        host, port = self.config.clustering.raft_listen.rsplit(":", 1)
+        if int(port):
+            return f"{host}:{port}"
+        address_file = self.data_dir / "raft-address"
+        if address_file.exists():
+            return address_file.read_text().strip()
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            address = f"{host}:{probe.getsockname()[1]}"
+        address_file.write_text(address + "\n")
+        return address
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _periodic(self, interval: float, action: Any) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                action()
+            except Exception:
+                log.exception("periodic %s failed", action.__name__)
+
+    async def _nats_error(self, error: Exception) -> None:
+        # Slow-consumer drops on a capture subscription lose plain publishes: say so loudly.
+        log.error("NATS error: %r", error)
+
+    async def _register_broker(self, raft_address: str) -> None:
+        host, port = self.config.advertised_host, self.api_port
+        while not self._stopping.is_set():
+            registered = self.read(lambda s: s.brokers.get(self.server_id))
+            if registered and (registered.host, registered.port, registered.raft) == (host, port, raft_address):
+                break
+            try:
+                await self.raft.propose(
+                    "register_broker", id=self.server_id, host=host, port=port, raft=raft_address
+                )
+            except NoMetadataLeader:
+                await asyncio.sleep(0.2)
+        await self._ensure_cursor_stream()
+
+    async def _ensure_cursor_stream(self) -> None:
+        partitions = self.config.cursors.stream_partitions
+        while partitions and not self._stopping.is_set():
+            if self.read(lambda s: CURSORS_STREAM in s.streams):
+                return
+            try:
+                await self._propose_stream(CURSORS_STREAM, CURSORS_STREAM, "", 0, partitions, {})
+            except MetadataError:
+                return  # another node created it first
+            except NoMetadataLeader:
+                await asyncio.sleep(0.2)
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    def read(self, reader: Any) -> Any:
+        return self.raft.read(reader)
+
+    async def create_stream(
+        self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
+        settings: dict[str, Any],
+    ) -> None:
+        for problem in (stream_name_error(name), subject_error(subject)):
+            if problem:
+                raise MetadataError(INVALID_ARGUMENT, problem)
+        if partitions < 0:
+            raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
+        await self._propose_stream(name, subject, group, replication_factor, partitions or 1, settings)
+
+    async def _propose_stream(
+        self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
+        settings: dict[str, Any],
+    ) -> None:
+        def placement(state: MetadataState) -> list[list[str]]:
+            return place(
+                sorted(state.brokers),
+                state.partitions_per_broker(),
+                state.partitions_led_by(),
+                replication_factor,
+                partitions,
+            )
+
+        try:
+            replicas = self.read(placement)
+        except PlacementError as exc:
+            raise MetadataError(INVALID_ARGUMENT, str(exc)) from exc
+        await self.raft.propose(
+            "create_stream", name=name, subject=subject, group=group, created=time.time_ns(),
+            settings=settings, replicas=replicas,
+        )
+
+    # ---- reconcile ---------------------------------------------------------------------------
+
+    def _schedule_reconcile(self) -> None:
+        if self._reconcile_scheduled or self._stopping.is_set():
+            return
+        self._reconcile_scheduled = True
+        self._spawn(self._reconcile())
+
+    async def _reconcile(self) -> None:
+        async with self._reconcile_lock:
+            self._reconcile_scheduled = False
+            wanted = self.read(self._wanted_partitions)
+            for key in [k for k in self.partitions if k not in wanted]:
+                await self._close_partition(key, delete=True)
+            for key, (stream, partition) in wanted.items():
+                try:
+                    await self._apply_partition(stream, partition)
+                except Exception:
+                    log.exception("could not bring up partition %s/%s", *key)
+
+    def _wanted_partitions(self, state: MetadataState) -> dict[tuple[str, int], tuple[Stream, Partition]]:
+        return {
+            (s.name, p.id): (s, _copy_partition(p))
+            for s in state.streams.values()
+            for p in s.partitions.values()
+            if self.server_id in p.replicas
+        }
+
+    async def _apply_partition(self, stream: Stream, partition: Partition) -> None:
+        key = (stream.name, partition.id)
+        local = self.partitions.get(key)
+        if local is None:
+            local = self._open_partition(stream, partition)
+            self.partitions[key] = local
+        replica = local.replica
+        min_isr = stream.settings.get("min_isr") or self.config.clustering.min_insync_replicas
+        if partition.leader == self.server_id:
+            replica.become_leader(partition.leader_epoch, len(partition.isr), min_isr)
+        capturing = partition.leader == self.server_id and not partition.paused and not partition.readonly
+        if capturing and local.capture is None:
+            local.capture = await self.nats.subscribe(
+                local.subject,
+                queue=local.group,
+                cb=self._capture_callback(local),
+                pending_msgs_limit=CAPTURE_PENDING_MSGS,
+                pending_bytes_limit=CAPTURE_PENDING_BYTES,
+            )
+        elif not capturing and local.capture is not None:
+            await local.capture.unsubscribe()
+            local.capture = None
+        replica.set_flags(partition.paused, partition.readonly)
+
+    def _open_partition(self, stream: Stream, partition: Partition) -> LocalPartition:
+        path = self._partition_dir(stream.name, partition.id)
+        commit_log = CommitLog.open(path, self._log_config(stream.settings))
+        replica = PartitionReplica(stream.name, partition.id, commit_log, self._sync_policy())
+        return LocalPartition(
+            replica=replica,
+            subject=partition_subject(stream.subject, partition.id),
+            group=stream.group,
+        )
+
+    def _partition_dir(self, stream: str, partition: int) -> Path:
+        return self.data_dir / "streams" / stream / str(partition)
+
+    async def _close_partition(self, key: tuple[str, int], delete: bool) -> None:
+        local = self.partitions.pop(key)
+        if local.capture is not None:
+            try:
+                await local.capture.unsubscribe()
+            except Exception:
+                log.debug("unsubscribe of %s/%s failed", *key, exc_info=True)
+        local.replica.close()
+        if delete:
+            shutil.rmtree(self._partition_dir(*key), ignore_errors=True)
+            stream_dir = self.data_dir / "streams" / key[0]
+            if stream_dir.exists() and not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+
+    def _log_config(self, settings: dict[str, Any]) -> LogConfig:
+        defaults = self.config.streams
+        return LogConfig(
+            segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
+            segment_max_age=settings.get("segment_max_age") or defaults.segment_max_age,
+            retention_max_bytes=settings.get("retention_max_bytes") or defaults.retention_max_bytes,
+            retention_max_messages=settings.get("retention_max_messages") or defaults.retention_max_messages,
+            retention_max_age=settings.get("retention_max_age") or defaults.retention_max_age,
+        )
+
+    def _sync_policy(self) -> SyncPolicy:
+        return SyncPolicy.parse(self.config.streams.sync)
+
+    def _checkpoint_high_watermarks(self) -> None:
+        for local in self.partitions.values():
+            local.replica.log.checkpoint_high_watermark()
+
+    def _enforce_retention(self) -> None:
+        for local in self.partitions.values():
+            local.replica.log.enforce_retention()
+
+    def _sync_partitions(self) -> None:
+        for local in self.partitions.values():
+            local.replica.sync()
+
+    # ---- capture and publish -----------------------------------------------------------------
+
+    def _capture_callback(self, local: LocalPartition) -> Any:
+        replica = local.replica
+
+        async def on_message(msg: Msg) -> None:
+            record, ack = capture.record_from_nats(msg.data, msg.subject, msg.reply or "")
+            try:
+                appended = replica.submit(record, want_offset=ack is not None)
+            except Exception as exc:
+                log.warning("dropping message on %s: %s", msg.subject, exc)
+                return
+            if ack is not None:
+                appended.add_done_callback(
+                    lambda done: self._spawn(self._send_ack(local, done, ack))
+                )
+
+        return on_message
+
+    async def _send_ack(
+        self, local: LocalPartition, done: asyncio.Future[Appended], request: capture.AckRequest
+    ) -> None:
+        if done.exception() is not None:
+            return  # no ack: the publisher's timeout tells it the write did not happen
+        appended = done.result()
+        if request.policy == capture.ALL:
+            await local.replica.wait_committed(appended.first)
+        ack = capture.ack_message(
+            local.replica.stream, local.subject, appended.first, request,
+            appended.reception_ns, time.time_ns(),
+        )
+        await self.nats.publish(request.inbox, capture.encode_ack(ack))
+
+    async def publish_local(
+        self, local: LocalPartition, record: Record, policy: int, correlation_id: str, msg_subject: str,
+    ) -> api_pb2.Ack:
+        """Append to a partition this node leads and wait as the ack policy asks."""
+        reception = time.time_ns()
+        appended = await local.replica.submit(record, want_offset=True)
+        if policy == capture.ALL:
+            await local.replica.wait_committed(appended.first)
+        request = capture.AckRequest("", correlation_id, policy, msg_subject)
+        return capture.ack_message(
+            local.replica.stream, local.subject, appended.first, request, reception, time.time_ns()
+        )
+
+    async def _on_ack(self, msg: Msg) -> None:
+        waiter = self._ack_waiters.pop(msg.subject, None)
+        if waiter is None or waiter.done():
+            return
+        try:
+            waiter.set_result(envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack))
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed ack on %s: %s", msg.subject, exc)
+
+    async def publish_to_subject(
+        self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None
+    ) -> api_pb2.Ack | None:
+        """Publish an envelope on NATS, as Liftbridge does, and optionally wait for the leader's ack."""
+        if not wait:
+            await self.nats.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+            return None
+        self._ack_sequence += 1
+        inbox = f"{self._ack_prefix}.{self._ack_sequence}"
+        message.ackInbox = inbox
+        waiter = self._ack_waiters[inbox] = asyncio.get_running_loop().create_future()
+        try:
+            await self.nats.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+            return await asyncio.wait_for(waiter, timeout or REMOTE_ACK_TIMEOUT)
+        finally:
+            self._ack_waiters.pop(inbox, None)
+
+    async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        """Publish to a partition led elsewhere, through its NATS subject."""
+        stream = self.read(lambda s: s.streams.get(request.stream))
+        subject = partition_subject(stream.subject, request.partition)
+        message = api_pb2.Message(
+            key=request.key, value=request.value, headers=request.headers,
+            correlationId=request.correlationId, ackPolicy=request.ackPolicy,
+        )
+        return await self.publish_to_subject(subject, message, wait)
+
+    def local_partition(self, stream: str, partition: int) -> LocalPartition | None:
+        return self.partitions.get((stream, partition))
+
+
+def _copy_partition(p: Partition) -> Partition:
+    return Partition(**{**vars(p), "replicas": list(p.replicas), "isr": list(p.isr)})
+

@@ -1,0 +1,104 @@
+"""Small checkpoint files of a partition: the leader-epoch history and the high watermark.
+
+Both are text, rewritten whole through a temporary file and a rename so that a crash leaves
+either the old or the new contents, never a mix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from bascule.partition.log.epochs import EpochHistory
+
+EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
+TEMPORARY_SUFFIX = ".tmp"
+
+logger = logging.getLogger(__name__)
+
+
+# --- pure formats ---------------------------------------------------------------------------
+
+
+def format_epochs(history: EpochHistory) -> str:
+    return "".join(f"{epoch} {start_offset}\n" for epoch, start_offset in history.entries)
+
+
+def parse_epochs(text: str) -> EpochHistory:
+    """Raises ValueError unless ``text`` is well-formed, ordered ``epoch start_offset`` lines."""
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if len(fields) != 2:
+            raise ValueError(f"line {number}: expected 'epoch start_offset', got {line!r}")
+        entries.append((int(fields[0]), int(fields[1])))
+    return EpochHistory(entries)
+
+
+def format_high_watermark(high_watermark: int) -> str:
+    return f"{high_watermark}\n"
+
+
+def parse_high_watermark(text: str) -> int:
+    high_watermark = int(text.strip())
+    if high_watermark < -1:
+        raise ValueError(f"high watermark {high_watermark} is below -1")
+    return high_watermark
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` durably: write a temporary file, fsync, rename, fsync dir."""
+    temporary = path.with_name(path.name + TEMPORARY_SUFFIX)
+    with open(temporary, "w", encoding="ascii") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """Make file creations, renames and deletions in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_epochs(directory: Path) -> EpochHistory | None:
+    """The saved epoch history; None, with a warning if it was damaged, when there is none."""
+    path = directory / EPOCH_CHECKPOINT
+    try:
+        return parse_epochs(path.read_text(encoding="ascii"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        logger.warning("unreadable leader-epoch checkpoint %s: %s", path, error)
+        return None
+
+
+def write_epochs(directory: Path, history: EpochHistory) -> None:
+    write_atomically(directory / EPOCH_CHECKPOINT, format_epochs(history))
+
+
+def read_high_watermark(directory: Path) -> int | None:
+    """The saved high watermark; None if there is none, -1 (nothing known to be committed),
+    with a warning, if it was damaged."""
+    path = directory / HIGH_WATERMARK_CHECKPOINT
+    try:
+        return parse_high_watermark(path.read_text(encoding="ascii"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        logger.warning("unreadable high-watermark checkpoint %s, using -1: %s", path, error)
+        return -1
+
+
+def write_high_watermark(directory: Path, high_watermark: int) -> None:
+    write_atomically(directory / HIGH_WATERMARK_CHECKPOINT, format_high_watermark(high_watermark))

@@ -1,0 +1,496 @@
+"""The commit log of one partition: an ordered run of segments plus its two checkpoints.
+
+Single-threaded by design (the asyncio loop): reads may interleave freely with appends, and
+see every byte appended before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from bascule.partition.log import checkpoint
+from bascule.partition.log.epochs import EpochHistory
+from bascule.partition.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    Segment,
+    WalkedEntry,
+    parse_segment_name,
+    segment_name,
+)
+from bascule.wire.entry import CorruptEntry, Entry, Record, decode_entries, encode_entries, scan
+
+logger = logging.getLogger(__name__)
+
+_MAX_SEGMENT_BYTES = 0xFFFFFFFF  # index positions are uint32
+_MAX_SEGMENT_ENTRIES = 0xFFFFFFFF  # index relative offsets are uint32
+_NS_PER_SECOND = 1_000_000_000
+
+
+class OffsetOutOfRange(Exception):
+    """A read outside [oldest_offset, next_offset]."""
+
+    def __init__(self, offset: int, oldest_offset: int, next_offset: int) -> None:
+        super().__init__(f"offset {offset} is outside the log [{oldest_offset}, {next_offset}]")
+        self.offset = offset
+        self.oldest_offset = oldest_offset
+        self.next_offset = next_offset
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_max_bytes: int = 256 * 1024 * 1024
+    segment_max_age: float = 0  # seconds, 0 = no age-based roll
+    retention_max_bytes: int = 0  # 0 = unlimited
+    retention_max_messages: int = 0
+    retention_max_age: float = 0  # seconds
+    index_interval_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 0 < self.segment_max_bytes <= _MAX_SEGMENT_BYTES:
+            raise ValueError(f"segment_max_bytes must be in (0, {_MAX_SEGMENT_BYTES}]")
+        if self.index_interval_bytes <= 0:
+            raise ValueError("index_interval_bytes must be positive")
+        for name in ("segment_max_age", "retention_max_bytes", "retention_max_messages", "retention_max_age"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+
+class _CheckpointedEpochHistory(EpochHistory):
+    """An epoch history that rewrites its checkpoint file whenever it changes, so that callers
+    may use the log's ``epochs`` directly (e.g. a new leader assigning its epoch)."""
+
+    __slots__ = ("_directory",)
+
+    def __init__(self, directory: Path, entries: list[tuple[int, int]]) -> None:
+        super().__init__(entries)
+        self._directory = directory
+
+    def assign(self, epoch: int, start_offset: int) -> bool:
+        assigned = super().assign(epoch, start_offset)
+        if assigned:
+            self.save()
+        return assigned
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        self._saving_changes(super().truncate_from_end, end_offset)
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        self._saving_changes(super().truncate_from_start, start_offset)
+
+    def _saving_changes(self, change: Callable[[int], None], offset: int) -> None:
+        before = self.entries
+        change(offset)
+        if self.entries != before:
+            self.save()
+
+    def save(self) -> None:
+        checkpoint.write_epochs(self._directory, self)
+
+
+class CommitLog:
+    """Append-only log of entries at consecutive offsets, split into segment files."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Callable[[], int],
+        segments: list[Segment],
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._clock = clock
+        self._segments = segments
+        self._epochs = _CheckpointedEpochHistory(directory, [])
+        self._high_watermark = -1
+        self._checkpointed_high_watermark: int | None = None
+        self._last_timestamp = 0
+        self._directory_unsynced = False
+        self._closed = False
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, path: Path, config: LogConfig = LogConfig(), clock: Callable[[], int] = time.time_ns
+    ) -> CommitLog:
+        """Open (or create) the log in ``path``, recovering from a crash if there was one."""
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        base_offsets = _discover_segments(directory)
+        interval = config.index_interval_bytes
+        if base_offsets:
+            segments = [
+                Segment.open_sealed(directory, base, next_base, interval)
+                for base, next_base in zip(base_offsets, base_offsets[1:])
+            ]
+            active, tail = Segment.recover(directory, base_offsets[-1], interval)
+            segments.append(active)
+        else:
+            segments = [Segment.create(directory, 0, interval)]
+            tail = None
+        log = cls(directory, config, clock, segments)
+        log._directory_unsynced = not base_offsets
+        log._last_timestamp = log._timestamp_of_last_entry()
+        log._load_epochs(tail.epoch_starts if tail else [])
+        log._load_high_watermark()
+        return log
+
+    def _load_epochs(self, tail_epoch_starts: list[tuple[int, int]]) -> None:
+        saved = checkpoint.read_epochs(self.directory)
+        if saved is None and self.next_offset > self.oldest_offset:
+            logger.warning("rebuilding the leader-epoch history of %s from its entries", self.directory)
+            self._epochs = _CheckpointedEpochHistory(self.directory, [])
+            for segment in self._segments:
+                for epoch, start_offset in segment.epoch_starts():
+                    self._epochs.assign(epoch, start_offset)
+            return
+        self._epochs = _CheckpointedEpochHistory(self.directory, saved.entries if saved else [])
+        # The checkpoint is written before the data it describes, so after a crash it can only
+        # run ahead of the log, except when the data outlived a lost checkpoint write.
+        self._epochs.truncate_from_end(self.next_offset)
+        self._epochs.truncate_from_start(self.oldest_offset)
+        for epoch, start_offset in tail_epoch_starts:
+            self._epochs.assign(epoch, start_offset)
+
+    def _load_high_watermark(self) -> None:
+        saved = checkpoint.read_high_watermark(self.directory)
+        if saved is None:
+            if self.next_offset > self.oldest_offset:
+                logger.info("no high-watermark checkpoint in %s, using -1", self.directory)
+            saved = -1
+        if saved > self.newest_offset:
+            logger.warning(
+                "high watermark %d of %s is past the log's end, lowering it to %d",
+                saved, self.directory, self.newest_offset,
+            )
+            saved = self.newest_offset
+        self._high_watermark = saved
+        self._checkpointed_high_watermark = saved
+
+    def __enter__(self) -> CommitLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- state -----------------------------------------------------------------------------
+
+    @property
+    def oldest_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._active.next_offset
+
+    @property
+    def newest_offset(self) -> int:
+        return self.next_offset - 1
+
+    @property
+    def epochs(self) -> EpochHistory:
+        """The leader-epoch history; any change to it is checkpointed at once."""
+        return self._epochs
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        if not -1 <= offset <= self.newest_offset:
+            raise ValueError(f"high watermark {offset} is outside [-1, {self.newest_offset}]")
+        self._high_watermark = offset
+
+    def checkpoint_high_watermark(self) -> None:
+        if self._high_watermark != self._checkpointed_high_watermark:
+            checkpoint.write_high_watermark(self.directory, self._high_watermark)
+            self._checkpointed_high_watermark = self._high_watermark
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    # --- appending -------------------------------------------------------------------------
+
+    def append(self, records: Sequence[Record], leader_epoch: int) -> tuple[int, int]:
+        """Append as leader: assign offsets and timestamps; returns (first, last) offsets.
+
+        Timestamps never go below the previous entry's, so timestamp lookups can bisect.
+        """
+        if not records:
+            raise ValueError("nothing to append")
+        self._check_epoch_is_current(leader_epoch)
+        now = max(self._clock(), self._last_timestamp)
+        first_offset = self.next_offset
+        data = encode_entries(first_offset, leader_epoch, _monotonic(records, now), now)
+        self._write(data, list(scan(data, check_crc=False)), [(leader_epoch, first_offset)])
+        return first_offset, self.newest_offset
+
+    def append_raw(self, data: bytes) -> int:
+        """Append as follower: entries encoded by the leader, stored byte for byte.
+
+        They must be intact and continue exactly from ``next_offset``; otherwise nothing is
+        appended (CorruptEntry, ValueError). Returns the new ``next_offset``.
+        """
+        entries = list(scan(data))
+        expected_offset = self.next_offset
+        latest_epoch = self._epochs.latest_epoch
+        epoch_starts = []
+        for offset, epoch, _, _, _ in entries:
+            if offset != expected_offset:
+                raise ValueError(f"entry offset {offset} does not continue the log at {expected_offset}")
+            if epoch < latest_epoch:
+                raise ValueError(
+                    f"entry {offset} has leader epoch {epoch}, older than the log's {latest_epoch}"
+                )
+            if epoch > latest_epoch:
+                epoch_starts.append((epoch, offset))
+                latest_epoch = epoch
+            expected_offset += 1
+        if entries:
+            self._write(bytes(data), entries, epoch_starts)
+        return self.next_offset
+
+    def _check_epoch_is_current(self, leader_epoch: int) -> None:
+        if leader_epoch < self._epochs.latest_epoch:
+            raise ValueError(
+                f"leader epoch {leader_epoch} is older than the log's {self._epochs.latest_epoch}"
+            )
+
+    def _write(
+        self, data: bytes, entries: list[WalkedEntry], epoch_starts: list[tuple[int, int]]
+    ) -> None:
+        self._roll_if_due(len(data), len(entries))
+        for epoch, start_offset in epoch_starts:
+            self._epochs.assign(epoch, start_offset)  # checkpointed before the data it describes
+        active = self._active
+        active.append(data, entries)
+        self._last_timestamp = max(self._last_timestamp, entries[-1][2])
+
+    def _roll_if_due(self, incoming_bytes: int, incoming_entries: int) -> None:
+        active = self._active
+        if active.is_empty:
+            return
+        too_big = active.size + incoming_bytes > self.config.segment_max_bytes
+        too_many = active.next_offset - active.base_offset + incoming_entries > _MAX_SEGMENT_ENTRIES
+        max_age_ns = int(self.config.segment_max_age * _NS_PER_SECOND)
+        too_old = max_age_ns > 0 and self._clock() - active.first_timestamp >= max_age_ns
+        if too_big or too_many or too_old:
+            self._segments.append(
+                Segment.create(self.directory, self.next_offset, self.config.index_interval_bytes)
+            )
+            self._directory_unsynced = True
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        """Stored bytes of whole entries from ``offset``: at least one entry even if it is
+        bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked."""
+        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize, check_crc=True)
+
+    def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
+        """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
+        of stored bytes unless the first entry alone is bigger. Raises CorruptEntry rather
+        than return a damaged entry."""
+        raw = self._read_raw(offset, max_bytes, max_entries, check_crc=False)
+        try:
+            return decode_entries(raw)  # checks every CRC
+        except CorruptEntry as error:
+            raise CorruptEntry(f"{self.directory}: {error}") from error
+
+    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool) -> bytes:
+        if not self.oldest_offset <= offset <= self.next_offset:
+            raise OffsetOutOfRange(offset, self.oldest_offset, self.next_offset)
+        if offset == self.next_offset or max_entries <= 0:
+            return b""
+        parts: list[bytes] = []
+        remaining_bytes = max_bytes
+        remaining_entries = max_entries
+        for segment in self._segments[self._segment_index_for(offset):]:
+            chunk, count = segment.read_entries(
+                offset, remaining_bytes, remaining_entries, at_least_one=not parts, check_crc=check_crc
+            )
+            if chunk:
+                parts.append(chunk)
+            offset += count
+            remaining_bytes -= len(chunk)
+            remaining_entries -= count
+            if offset < segment.next_offset or remaining_bytes <= 0 or remaining_entries == 0:
+                break
+        return b"".join(parts)
+
+    def _segment_index_for(self, offset: int) -> int:
+        return max(bisect_right(self._segments, offset, key=_base_offset) - 1, 0)
+
+    def offset_for_timestamp(self, timestamp_ns: int) -> int:
+        """First offset whose timestamp is >= ``timestamp_ns``; ``next_offset`` if none is."""
+        for segment in self._segments:
+            found = segment.offset_for_timestamp(timestamp_ns)
+            if found is not None:
+                return found
+        return self.next_offset
+
+    def _timestamp_of_last_entry(self) -> int:
+        for segment in reversed(self._segments):
+            if segment.last_timestamp is not None:
+                return segment.last_timestamp
+        return 0
+
+    # --- truncation and retention ----------------------------------------------------------
+
+    def truncate(self, offset: int) -> None:
+        """Remove the entry at ``offset`` and everything after it (a follower dropping entries
+        the leader does not have). Below ``oldest_offset`` the log is emptied and restarts at
+        ``offset``."""
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        if offset < self.next_offset:
+            self._truncate_segments(offset)
+            self._last_timestamp = self._timestamp_of_last_entry()
+        # After the data, so that a crash in between leaves epochs describing at least the data.
+        self._epochs.truncate_from_end(offset)
+        self._high_watermark = min(self._high_watermark, offset - 1)
+
+    def _truncate_segments(self, offset: int) -> None:
+        keep = self._segment_index_for(offset) + 1 if offset >= self.oldest_offset else 0
+        for segment in reversed(self._segments[keep:]):
+            segment.delete()
+        del self._segments[keep:]
+        if self._segments:
+            self._active.truncate(offset)
+        else:
+            self._segments.append(
+                Segment.create(self.directory, offset, self.config.index_interval_bytes)
+            )
+        checkpoint.sync_directory(self.directory)
+
+    def enforce_retention(self) -> int:
+        """Delete the oldest whole segments beyond the retention limits; returns how many.
+
+        The active segment is never deleted, nor any segment holding entries above the high
+        watermark (a follower may still need them to be committed).
+        """
+        deletable = [
+            segment for segment in self._segments[:-1] if segment.next_offset - 1 <= self._high_watermark
+        ]
+        count = min(
+            len(deletable),
+            max(self._expired_by_age(), self._excess_by_size(), self._excess_by_messages()),
+        )
+        for segment in self._segments[:count]:
+            segment.delete()
+            logger.info("retention deleted %s", segment.log_path)
+        del self._segments[:count]
+        if count:
+            self._epochs.truncate_from_start(self.oldest_offset)
+        return count
+
+    def _expired_by_age(self) -> int:
+        max_age_ns = int(self.config.retention_max_age * _NS_PER_SECOND)
+        if not max_age_ns:
+            return 0
+        cutoff = self._clock() - max_age_ns
+        count = 0
+        for segment in self._segments[:-1]:
+            if segment.last_timestamp is None or segment.last_timestamp >= cutoff:
+                break
+            count += 1
+        return count
+
+    def _excess_by_size(self) -> int:
+        return _oldest_beyond_limit(
+            [segment.size for segment in self._segments], self.config.retention_max_bytes
+        )
+
+    def _excess_by_messages(self) -> int:
+        return _oldest_beyond_limit(
+            [segment.next_offset - segment.base_offset for segment in self._segments],
+            self.config.retention_max_messages,
+        )
+
+    # --- durability ------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """fsync what was written since the last sync; nothing to do costs nothing."""
+        for segment in self._segments:
+            segment.sync()
+        if self._directory_unsynced:
+            checkpoint.sync_directory(self.directory)
+            self._directory_unsynced = False
+
+    def close(self) -> None:
+        """Sync, checkpoint the high watermark and close every file."""
+        if self._closed:
+            return
+        self._closed = True
+        self.sync()
+        self.checkpoint_high_watermark()
+        for segment in self._segments:
+            segment.close()
+
+
+def _monotonic(records: Sequence[Record], now: int) -> Sequence[Record]:
+    """``records`` with their own timestamps raised where needed to never go backwards."""
+    if not any(record.timestamp for record in records):
+        return records
+    stamped = []
+    previous = now
+    for record in records:
+        timestamp = max(record.timestamp or now, previous)
+        stamped.append(Record(record.value, record.key, record.headers, timestamp))
+        previous = timestamp
+    return stamped
+
+
+def _oldest_beyond_limit(sizes: list[int], limit: int) -> int:
+    """How many leading items to drop so the newest ones total at most ``limit`` (0 = none).
+
+    The last item, the active segment, always stays even when it alone is over the limit.
+    """
+    if not limit:
+        return 0
+    total = 0
+    for kept, size in enumerate(reversed(sizes)):
+        total += size
+        if total > limit and kept > 0:
+            return len(sizes) - kept
+    return 0
+
+
+def _base_offset(segment: Segment) -> int:
+    return segment.base_offset
+
+
+def _discover_segments(directory: Path) -> list[int]:
+    """Base offsets of the segments in ``directory``, after removing leftovers of a crash."""
+    base_offsets = []
+    index_stems = set()
+    for entry in os.scandir(directory):
+        stem, _, suffix = entry.name.partition(".")
+        if entry.name.endswith(checkpoint.TEMPORARY_SUFFIX):
+            os.unlink(entry.path)  # a checkpoint rewrite that never got renamed
+        elif parse_segment_name(stem) is None:
+            continue
+        elif "." + suffix == LOG_SUFFIX:
+            base_offsets.append(parse_segment_name(stem))
+        elif "." + suffix == INDEX_SUFFIX:
+            index_stems.add(stem)
+    for stem in index_stems - {segment_name(base) for base in base_offsets}:
+        os.unlink(directory / (stem + INDEX_SUFFIX))  # its log was deleted just before a crash
+    return sorted(base_offsets)

@@ -1,0 +1,400 @@
+"""One segment of a commit log: ``<base offset>.log`` entries and its ``<base offset>.index``.
+
+Appends go through os.write on an O_APPEND descriptor and reads through os.pread, so whatever
+was appended is visible to the next read at once, with no buffers to flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
+from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, scan
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+BASE_OFFSET_DIGITS = 20
+
+# Enough to reach any entry from its index point in one read when entries are small.
+_LOCATE_CHUNK = 16 * 1024
+_WALK_CHUNK = 1024 * 1024
+
+logger = logging.getLogger(__name__)
+
+WalkedEntry = tuple[int, int, int, int, int]  # offset, leader epoch, timestamp, start, end
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:0{BASE_OFFSET_DIGITS}d}"
+
+
+def parse_segment_name(stem: str) -> int | None:
+    """Base offset of a segment file stem, None if it is not a segment name."""
+    if len(stem) != BASE_OFFSET_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+@dataclass
+class WalkedTail:
+    """What walking a segment from its last index point to its end found."""
+
+    valid_end: int  # end of the last whole entry reached
+    next_offset: int
+    last_timestamp: int | None = None
+    epoch_starts: list[tuple[int, int]] = field(default_factory=list)  # (epoch, first offset)
+
+
+class _MisplacedIndexPoint(Exception):
+    """An index point that does not land on the entry it names."""
+
+
+class Segment:
+    """Entries from ``base_offset`` up to (excluding) ``next_offset``, ``size`` bytes of file."""
+
+    def __init__(
+        self, directory: Path, base_offset: int, next_offset: int, interval_bytes: int
+    ) -> None:
+        self.base_offset = base_offset
+        self.next_offset = next_offset
+        self.log_path = directory / (segment_name(base_offset) + LOG_SUFFIX)
+        self.index_path = directory / (segment_name(base_offset) + INDEX_SUFFIX)
+        self.interval_bytes = interval_bytes
+        self.unsynced = False
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
+        self._log_fd = os.open(self.log_path, flags, 0o644)
+        self._index_fd = os.open(self.index_path, flags, 0o644)
+        self.size = os.fstat(self._log_fd).st_size
+        self._index: SparseIndex | None = None  # loaded on first use; old segments may never need it
+        self._first_timestamp: int | None = None
+        self._last_timestamp: int | None = None
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, interval_bytes: int) -> Segment:
+        segment = cls(directory, base_offset, base_offset, interval_bytes)
+        if segment.size:
+            segment.close()
+            raise FileExistsError(f"new segment {segment.log_path} already holds data")
+        segment._index = SparseIndex(interval_bytes)
+        return segment
+
+    @classmethod
+    def open_sealed(
+        cls, directory: Path, base_offset: int, next_offset: int, interval_bytes: int
+    ) -> Segment:
+        """An older segment, trusted to hold whole entries up to its size (reads check CRCs)."""
+        return cls(directory, base_offset, next_offset, interval_bytes)
+
+    @classmethod
+    def recover(cls, directory: Path, base_offset: int, interval_bytes: int) -> tuple[Segment, WalkedTail]:
+        """Open the active segment, cutting a torn or corrupt tail back to the last good entry.
+
+        Only the entries after the last trustworthy index point are read and CRC-checked.
+        """
+        segment = cls(directory, base_offset, base_offset, interval_bytes)
+        tail = segment._load_index_and_walk_tail(check_crc=True)
+        if tail.valid_end < segment.size:
+            logger.warning(
+                "cutting %d bytes of torn or corrupt entries from the end of %s (kept %d bytes)",
+                segment.size - tail.valid_end, segment.log_path, tail.valid_end,
+            )
+            os.ftruncate(segment._log_fd, tail.valid_end)
+            os.fsync(segment._log_fd)
+            segment.size = tail.valid_end
+        segment.next_offset = tail.next_offset
+        return segment, tail
+
+    @property
+    def index(self) -> SparseIndex:
+        if self._index is None:
+            tail = self._load_index_and_walk_tail(check_crc=False)
+            if tail.valid_end < self.size:
+                logger.warning(
+                    "%s is damaged after byte %d; reads past offset %d will fail",
+                    self.log_path, tail.valid_end, tail.next_offset - 1,
+                )
+        return self._index
+
+    def _load_index_and_walk_tail(self, check_crc: bool) -> WalkedTail:
+        """Load the index, drop points that do not land on their entries, and walk from the last
+        good point to the end of the file, adding the points that are due (a crash can stop an
+        append between the log write and the index write)."""
+        index, damaged = self._read_index_file()
+        while len(index) and not self._point_is_valid(*index.last_point()):
+            index.drop_last_point()
+            damaged = True
+        relative_offset, position = index.restart_at_last_point()
+        points_before_walk = len(index)
+        tail = WalkedTail(valid_end=position, next_offset=self.base_offset + relative_offset)
+        for offset, epoch, timestamp, start, end in self._walk(position, tail.next_offset, check_crc):
+            if not tail.epoch_starts or tail.epoch_starts[-1][0] != epoch:
+                tail.epoch_starts.append((epoch, offset))
+            index.add_entry(offset - self.base_offset, start, end)
+            tail.valid_end, tail.next_offset, tail.last_timestamp = end, offset + 1, timestamp
+        index.truncate(tail.next_offset - self.base_offset, tail.valid_end)
+        self._index = index
+        self._last_timestamp = tail.last_timestamp
+        if damaged:
+            logger.warning("repaired index %s", self.index_path)
+        elif len(index) != points_before_walk:
+            logger.info("added %d missing points to index %s", len(index) - points_before_walk, self.index_path)
+        if damaged or len(index) != points_before_walk:
+            self._rewrite_index_file()
+        return tail
+
+    def _read_index_file(self) -> tuple[SparseIndex, bool]:
+        """The index as stored, without points past the data; True if it was damaged."""
+        data = _read_whole(self._index_fd)
+        try:
+            index = SparseIndex.decode(data, self.interval_bytes, self.size)
+        except InvalidIndex as error:
+            logger.warning("index %s is invalid: %s", self.index_path, error)
+            return SparseIndex(self.interval_bytes), True
+        dropped = index.truncate_beyond(self.size)
+        return index, dropped > 0 or len(data) % POINT_SIZE != 0
+
+    def _point_is_valid(self, relative_offset: int, position: int) -> bool:
+        header = os.pread(self._log_fd, HEADER_SIZE, position)
+        return (
+            len(header) == HEADER_SIZE
+            and ENTRY_HEADER.unpack(header)[0] == self.base_offset + relative_offset
+        )
+
+    def _rebuild_index(self) -> None:
+        index = SparseIndex(self.interval_bytes)
+        for offset, _, _, start, end in self._walk(0, self.base_offset, check_crc=False):
+            index.add_entry(offset - self.base_offset, start, end)
+        self._index = index
+        self._rewrite_index_file()
+
+    def _rewrite_index_file(self) -> None:
+        os.ftruncate(self._index_fd, 0)
+        _write_all(self._index_fd, self.index.encode())
+        self.unsynced = True
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def append(self, data: bytes, entries: list[WalkedEntry]) -> None:
+        """Write ``data``, whose entry boundaries (relative to ``data``) are ``entries``.
+
+        A failed write is cut back off so the segment keeps whole entries only.
+        """
+        index = self.index
+        points_before = len(index)
+        try:
+            _write_all(self._log_fd, data)
+        except OSError:
+            os.ftruncate(self._log_fd, self.size)
+            raise
+        index.add_scanned_entries(entries, self.base_offset, self.size)
+        if len(index) > points_before:
+            _write_all(self._index_fd, index.encode(points_before))
+        if self._first_timestamp is None and self.size == 0:
+            self._first_timestamp = entries[0][2]
+        self.size += len(data)
+        self.next_offset = entries[-1][0] + 1
+        self._last_timestamp = entries[-1][2]
+        self.unsynced = True
+
+    def truncate(self, offset: int) -> None:
+        """Remove the entry at ``offset`` and everything after it."""
+        position = self.locate(offset)
+        os.ftruncate(self._log_fd, position)
+        self.size = position
+        self.next_offset = offset
+        self.index.truncate(offset - self.base_offset, position)
+        self._rewrite_index_file()
+        self._first_timestamp = None
+        self._last_timestamp = None
+        self.sync()
+
+    def sync(self) -> None:
+        if self.unsynced:
+            os.fsync(self._log_fd)
+            os.fsync(self._index_fd)
+            self.unsynced = False
+
+    def close(self) -> None:
+        os.close(self._log_fd)
+        os.close(self._index_fd)
+
+    def delete(self) -> None:
+        """Close and remove the files, the log first: a stray index is cleaned up at open."""
+        self.close()
+        self.log_path.unlink(missing_ok=True)
+        self.index_path.unlink(missing_ok=True)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    def read_entries(
+        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool, check_crc: bool
+    ) -> tuple[bytes, int]:
+        """(bytes, count) of whole entries from ``offset``, within the limits.
+
+        ``at_least_one`` returns the first entry even when it is bigger than ``max_bytes``.
+        With ``check_crc`` it raises CorruptEntry rather than return a damaged entry; without,
+        the caller must check them.
+        """
+        position = self.locate(offset)
+        available = self.size - position
+        wanted = min(max_bytes, available)
+        if at_least_one:
+            wanted = min(max(wanted, self._entry_size_at(position)), available)
+        chunk = os.pread(self._log_fd, wanted, position)
+        length = count = 0
+        expected_offset = offset
+        try:
+            for entry_offset, _, _, _, end in scan(chunk, check_crc):
+                if entry_offset != expected_offset:
+                    raise CorruptEntry(f"expected offset {expected_offset}, found {entry_offset}")
+                length, count, expected_offset = end, count + 1, expected_offset + 1
+                if count == max_entries:
+                    break
+        except CorruptEntry as error:
+            if not self._cut_by_read_limit(chunk, length, position):
+                raise CorruptEntry(f"{self.log_path}, byte {position + length}: {error}") from error
+        return chunk[:length], count
+
+    def _cut_by_read_limit(self, chunk: bytes, good_length: int, position: int) -> bool:
+        """Whether the entry after ``good_length`` only looks torn because the read stopped."""
+        if position + len(chunk) >= self.size:
+            return False
+        rest = len(chunk) - good_length
+        if rest < HEADER_SIZE:
+            return True
+        body_size = ENTRY_HEADER.unpack_from(chunk, good_length)[3]
+        return HEADER_SIZE + body_size > rest
+
+    def _entry_size_at(self, position: int) -> int:
+        header = os.pread(self._log_fd, HEADER_SIZE, position)
+        if len(header) < HEADER_SIZE:
+            return HEADER_SIZE
+        return HEADER_SIZE + ENTRY_HEADER.unpack(header)[3]
+
+    def locate(self, offset: int) -> int:
+        """Byte position of the entry at ``offset`` (or the end, for ``next_offset``)."""
+        if offset == self.next_offset:
+            return self.size
+        try:
+            return self._locate_from_index(offset)
+        except _MisplacedIndexPoint as error:
+            logger.warning("rebuilding index %s: %s", self.index_path, error)
+            self._rebuild_index()
+            return self._locate_from_index(offset)
+
+    def _locate_from_index(self, offset: int) -> int:
+        relative_offset, position = self.index.floor(offset - self.base_offset)
+        expected_offset = self.base_offset + relative_offset
+        at_index_point = position > 0
+        while position < self.size:
+            chunk = os.pread(self._log_fd, min(_LOCATE_CHUNK, self.size - position), position)
+            walked = 0
+            while walked + HEADER_SIZE <= len(chunk):
+                entry_offset, _, _, body_size, _ = ENTRY_HEADER.unpack_from(chunk, walked)
+                if entry_offset != expected_offset:
+                    if at_index_point:
+                        raise _MisplacedIndexPoint(
+                            f"point for offset {expected_offset} lands on offset {entry_offset}"
+                        )
+                    raise CorruptEntry(
+                        f"{self.log_path}, byte {position + walked}: expected offset "
+                        f"{expected_offset}, found {entry_offset}"
+                    )
+                if entry_offset == offset:
+                    return position + walked
+                at_index_point = False
+                walked += HEADER_SIZE + body_size
+                expected_offset += 1
+            if walked == 0:
+                break
+            position += walked
+        raise CorruptEntry(f"{self.log_path}: no entry for offset {offset}")
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """First offset whose timestamp is >= ``timestamp``; None if the segment has none."""
+        last = self.last_timestamp
+        if last is None or last < timestamp:
+            return None
+        relative_offset, position = self.index.floor_by(
+            lambda _, point_position: self._timestamp_at(point_position) < timestamp
+        )
+        for offset, _, entry_timestamp, _, _ in self._walk(
+            position, self.base_offset + relative_offset, check_crc=False, chunk_size=_LOCATE_CHUNK
+        ):
+            if entry_timestamp >= timestamp:
+                return offset
+        return None
+
+    def _timestamp_at(self, position: int) -> int:
+        return ENTRY_HEADER.unpack(os.pread(self._log_fd, HEADER_SIZE, position))[1]
+
+    @property
+    def first_timestamp(self) -> int | None:
+        if self._first_timestamp is None and not self.is_empty:
+            self._first_timestamp = self._timestamp_at(0)
+        return self._first_timestamp
+
+    @property
+    def last_timestamp(self) -> int | None:
+        """Timestamp of the last entry, found from the last index point on first use."""
+        if self._last_timestamp is None and not self.is_empty:
+            relative_offset, position = self.index.last_point()
+            for _, _, timestamp, _, _ in self._walk(
+                position, self.base_offset + relative_offset, check_crc=False
+            ):
+                self._last_timestamp = timestamp
+        return self._last_timestamp
+
+    def epoch_starts(self) -> Iterator[tuple[int, int]]:
+        """(epoch, first offset) of every run of one epoch, read from all entry headers."""
+        current_epoch = None
+        for offset, epoch, _, _, _ in self._walk(0, self.base_offset, check_crc=False):
+            if epoch != current_epoch:
+                current_epoch = epoch
+                yield epoch, offset
+
+    def _walk(
+        self, position: int, expected_offset: int, check_crc: bool, chunk_size: int = _WALK_CHUNK
+    ) -> Iterator[WalkedEntry]:
+        """Entries from ``position`` to the end, stopping quietly at the first torn, damaged or
+        out-of-sequence one; positions are in the file."""
+        while position < self.size:
+            first_entry_size = self._entry_size_at(position)
+            chunk = os.pread(
+                self._log_fd, min(max(chunk_size, first_entry_size), self.size - position), position
+            )
+            consumed = 0
+            try:
+                for offset, epoch, timestamp, start, end in scan(chunk, check_crc=check_crc):
+                    if offset != expected_offset:
+                        return
+                    yield offset, epoch, timestamp, position + start, position + end
+                    expected_offset += 1
+                    consumed = end
+            except CorruptEntry:
+                pass  # a torn entry at the chunk's end is read whole next time round
+            if consumed == 0:
+                return
+            position += consumed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_whole(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""

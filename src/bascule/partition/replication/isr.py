@@ -1,0 +1,218 @@
+"""The leader's view of its followers: their progress, the ISR proposals, the HW and ALL-acks.
+
+One :class:`IsrTracker` lives for one leadership (one leader epoch) of one partition. It is fed
+values (fetches, appends, the ISR the metadata committed, the time) and answers with decisions;
+it never sends anything itself.
+
+Offsets: a follower's fetch names its *log end offset* (next offset it wants, = its newest offset
++ 1 on Liftbridge's wire); the HW is the offset of the last committed message (see ``hw``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .hw import clamp_high_watermark, leader_high_watermark
+
+
+@dataclass(slots=True)
+class FollowerProgress:
+    """What the leader knows about one follower during this leadership."""
+
+    replica_id: str
+    log_end_offset: int | None = None  # from its last accepted fetch; None: not fetched yet
+    last_fetch_time: float | None = None
+    leader_log_end_at_last_fetch: int | None = None
+    last_caught_up_time: float | None = None
+    caught_up_at_last_fetch: bool = False
+    waiting: bool = False  # its last fetch got nothing new and it has not been notified since
+
+
+class IsrTracker:
+    """Follower progress, HW, and ISR shrink/expand proposals for one leader epoch.
+
+    Caught up: a fetch is "caught up" when it asks for the leader's LEO at that moment, or, under
+    a steady write load, for at least the leader's LEO as of that follower's previous fetch (it
+    has everything that existed one fetch ago; the time of that previous fetch then counts as its
+    last caught-up time). ISR members start with the construction time as their last caught-up
+    time, so a new leader gives every follower ``max_lag_time`` to show up.
+    """
+
+    def __init__(
+        self,
+        leader_id: str,
+        leader_epoch: int,
+        replicas: Iterable[str],
+        isr: Iterable[str],
+        *,
+        leader_log_end: int,
+        hw: int,
+        min_isr: int,
+        max_lag_time: float,
+        now: float,
+        epoch_start: int | None = None,
+    ) -> None:
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.replicas = frozenset(replicas) | {leader_id}
+        self.min_isr = min_isr
+        self.max_lag_time = max_lag_time
+        self.leader_log_end = leader_log_end
+        self.epoch_start = leader_log_end if epoch_start is None else epoch_start
+        self.hw = clamp_high_watermark(hw, leader_log_end)
+        self._followers = {
+            rid: FollowerProgress(rid) for rid in self.replicas if rid != leader_id
+        }
+        self.isr: frozenset[str] = frozenset()
+        self.set_isr(isr, now)
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def set_isr(self, isr: Iterable[str], now: float) -> None:
+        """Adopt the ISR the metadata committed (the leader is always part of it)."""
+        new_isr = frozenset(isr) | {self.leader_id}
+        for rid in new_isr - self.isr:
+            progress = self._followers.get(rid)
+            if progress is not None and progress.last_caught_up_time is None:
+                progress.last_caught_up_time = now  # a grace period for a member we never saw
+        self.isr = new_isr
+        self._recompute_hw()
+
+    def leader_appended(self, log_end_offset: int) -> list[str]:
+        """The leader's log now ends at ``log_end_offset`` (under a sync-always policy: is durable
+        up to it). Returns the followers to notify: those waiting after an empty response."""
+        if log_end_offset < self.leader_log_end:
+            raise ValueError("a leader's log end offset never moves backwards")
+        self.leader_log_end = log_end_offset
+        self._recompute_hw()
+        notify = sorted(p.replica_id for p in self._followers.values() if p.waiting)
+        for rid in notify:
+            self._followers[rid].waiting = False
+        return notify
+
+    def record_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, now: float) -> bool:
+        """A replication request from ``replica_id`` asking for ``log_end_offset`` onwards.
+
+        False (the request must get no data) when the replica is not one of the partition's,
+        when it follows another leader epoch, or when it asks beyond this leader's LEO (it has
+        not truncated against this leader). Otherwise it is recorded and the HW recomputed.
+        """
+        progress = self._followers.get(replica_id)
+        if progress is None or leader_epoch != self.leader_epoch:
+            return False
+        if log_end_offset < 0 or log_end_offset > self.leader_log_end:
+            return False
+        previous_leader_end = progress.leader_log_end_at_last_fetch
+        previous_time = progress.last_fetch_time
+        if log_end_offset >= self.leader_log_end:
+            progress.last_caught_up_time = now
+            progress.caught_up_at_last_fetch = True
+        elif previous_leader_end is not None and log_end_offset >= previous_leader_end:
+            assert previous_time is not None
+            if progress.last_caught_up_time is None or previous_time > progress.last_caught_up_time:
+                progress.last_caught_up_time = previous_time
+            progress.caught_up_at_last_fetch = True
+        else:
+            progress.caught_up_at_last_fetch = False
+        progress.log_end_offset = log_end_offset
+        progress.last_fetch_time = now
+        progress.leader_log_end_at_last_fetch = self.leader_log_end
+        progress.waiting = log_end_offset >= self.leader_log_end
+        self._recompute_hw()
+        return True
+
+    # -- questions --------------------------------------------------------------------------
+
+    @property
+    def can_commit(self) -> bool:
+        """Whether the HW may move at all: the ISR has at least min ISR members."""
+        return len(self.isr) >= self.min_isr
+
+    def progress(self, replica_id: str) -> FollowerProgress:
+        return self._followers[replica_id]
+
+    def is_caught_up(self, replica_id: str) -> bool:
+        """Its last fetch asked for (at least) the leader's current LEO."""
+        progress = self._followers.get(replica_id)
+        return (
+            progress is not None
+            and progress.log_end_offset is not None
+            and progress.log_end_offset >= self.leader_log_end
+        )
+
+    def last_caught_up(self, replica_id: str) -> float | None:
+        progress = self._followers.get(replica_id)
+        return None if progress is None else progress.last_caught_up_time
+
+    def shrink_proposals(self, now: float) -> list[str]:
+        """ISR followers not caught up for more than ``max_lag_time`` (sorted; repeated on every
+        call until the metadata commits a new ISR, so the shell rate-limits its requests)."""
+        lagging = []
+        for rid in self.isr - {self.leader_id}:
+            progress = self._followers.get(rid)
+            caught_up = None if progress is None else progress.last_caught_up_time
+            if caught_up is None or now - caught_up > self.max_lag_time:
+                lagging.append(rid)
+        return sorted(lagging)
+
+    def expand_proposals(self, now: float) -> list[str]:
+        """Replicas outside the ISR whose last fetch (no older than ``max_lag_time``) was caught
+        up and already holds every committed message and everything before this leader's epoch
+        (so adding them cannot put the HW beyond an ISR member's log end)."""
+        ready = []
+        for rid in self.replicas - self.isr:
+            p = self._followers[rid]
+            if (
+                p.caught_up_at_last_fetch
+                and p.log_end_offset is not None
+                and p.last_fetch_time is not None
+                and now - p.last_fetch_time <= self.max_lag_time
+                and p.log_end_offset > self.hw
+                and p.log_end_offset >= self.epoch_start
+            ):
+                ready.append(rid)
+        return sorted(ready)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _recompute_hw(self) -> None:
+        log_ends: list[int | None] = [self.leader_log_end]
+        for rid in self.isr - {self.leader_id}:
+            progress = self._followers.get(rid)
+            log_ends.append(None if progress is None else progress.log_end_offset)
+        self.hw = leader_high_watermark(self.hw, log_ends, self.min_isr)
+
+
+class PendingAcks:
+    """ALL-acks waiting for their offset to be committed: an ack for offset X may fire once
+    HW >= X. Tokens are whatever the shell needs to send the ack."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Any]] = []
+        self._order = itertools.count()
+
+    def add(self, offset: int, token: Any) -> None:
+        heapq.heappush(self._heap, (offset, next(self._order), token))
+
+    def release(self, hw: int) -> list[tuple[int, Any]]:
+        """The (offset, token) pairs now committed, in offset order, removed from the queue."""
+        ready = []
+        while self._heap and self._heap[0][0] <= hw:
+            offset, _, token = heapq.heappop(self._heap)
+            ready.append((offset, token))
+        return ready
+
+    def fail_all(self) -> list[tuple[int, Any]]:
+        """Everything still pending, e.g. on losing leadership: these acks must report failure
+        (or never fire); their messages may or may not survive."""
+        pending = sorted(self._heap)
+        self._heap.clear()
+        return [(offset, token) for offset, _, token in pending]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+

