@@ -237,7 +237,9 @@ class API(api_pb2_grpc.APIServicer):
         local = self.node.local_partition(request.stream, request.partition)
         if local is None or meta.leader != self.node.server_id:
             return await self.node.publish_remote(request, wait)
-        record = Record(value=request.value, key=request.key or None, headers=dict(request.headers))
+        # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
+        headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+        record = Record(value=request.value, key=request.key or None, headers=headers)
         if not wait:
             local.replica.submit(record, want_offset=False)
             return None

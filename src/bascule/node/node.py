@@ -44,6 +44,7 @@ CAPTURE_PENDING_BYTES = 2 * 1024 * 1024 * 1024
 HW_CHECKPOINT_INTERVAL = 5.0
 REMOTE_ACK_TIMEOUT = 30.0
 NATS_DEFAULT_PORT = 4222
+REGISTRATION_WAIT = 10.0
 
 
 @dataclass
@@ -98,7 +99,12 @@ class Node:
             self.config.clustering.raft_password,
             self._schedule_reconcile,
         )
-        self._spawn(self._register_broker(raft_address))
+        registration = asyncio.create_task(self._register_broker(raft_address))
+        self._tasks.add(registration)
+        registration.add_done_callback(self._tasks.discard)
+        # Serve once this broker is known to the cluster, so the first CreateStream can place on it;
+        # without a metadata leader in sight, serve anyway and answer "no known metadata leader".
+        await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
         self._spawn(self._periodic(HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks))
         self._spawn(self._periodic(self.config.streams.cleaner_interval, self._enforce_retention))
         sync_interval = self._sync_policy().interval
