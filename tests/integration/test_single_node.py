@@ -192,3 +192,40 @@ async def test_restart_keeps_streams_and_messages(tmp_path):
             assert got == [b"x%d" % i for i in range(50)]
             ack = await client.publish("keep", b"after")
             assert ack.offset == 50
+
+
+async def test_oversize_publish_is_refused_and_node_keeps_serving(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("big", "big")
+            with pytest.raises(BasculeError) as failure:
+                await client.publish("big", b"x" * (node.max_message_bytes + 1))
+            assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert "exceeds the limit" in failure.value.message
+            assert (await client.publish("big", b"small")).offset == 0
+
+
+async def test_flipped_byte_in_segment_is_never_served(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("rot", "rot")
+            await client.publish_many("rot", [b"payload-%03d" % i for i in range(100)], ack_policy="all")
+    segment = next((tmp_path / "streams" / "rot" / "0").glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    position = data.find(b"payload-040")
+    data[position + 8] ^= 0x01
+    segment.write_bytes(bytes(data))
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            served = []
+            with pytest.raises(BasculeError) as failure:
+                async for m in client.subscribe("rot", start="earliest", stop_latest=True):
+                    served.append(m.value)
+            assert failure.value.code == grpc.StatusCode.DATA_LOSS
+            assert all(v == b"payload-%03d" % i for i, v in enumerate(served)) and len(served) <= 40
+            after = [m.value async for m in client.subscribe("rot", offset=41, stop_latest=True)]
+            assert after == [b"payload-%03d" % i for i in range(41, 100)]
+            assert (await client.publish("rot", b"more")).offset == 100

@@ -227,6 +227,7 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
 
     async def node_publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        self._check_size(request.ByteSize())
         meta = self.node.read(lambda s: s.partition(request.stream, request.partition))
         if meta is None:
             raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
@@ -249,6 +250,14 @@ class API(api_pb2_grpc.APIServicer):
             )
         except (PartitionClosed, NotLeader, OSError) as exc:
             raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
+
+    def _check_size(self, size: int) -> None:
+        limit = self.node.max_message_bytes
+        if size > limit:
+            raise PublishError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"message of {size} bytes exceeds the limit of {limit}",
+                "BAD_REQUEST",
+            )
 
     async def PublishAsync(self, request_iterator, context):
         responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
@@ -289,7 +298,10 @@ class API(api_pb2_grpc.APIServicer):
         )
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
         try:
+            self._check_size(message.ByteSize())
             ack = await self.node.publish_to_subject(request.subject, message, wait, context.time_remaining())
+        except PublishError as exc:
+            await context.abort(exc.status, exc.message)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for ack")
         return api_pb2.PublishToSubjectResponse(ack=ack) if ack else api_pb2.PublishToSubjectResponse()

@@ -432,6 +432,11 @@ class Node:
         )
         return await self.publish_to_subject(subject, message, wait)
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message accepted: what NATS carries, since publishes may travel through it."""
+        return self.nats.max_payload
+
     def local_partition(self, stream: str, partition: int) -> LocalPartition | None:
         return self.partitions.get((stream, partition))
 
