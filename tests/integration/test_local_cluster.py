@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -146,8 +147,6 @@ def test_context_manager_leaves_no_process_behind() -> None:
     assert [pid for pid in pids if _alive(pid)] == []
     # After a failure the logs are kept for inspection.
     assert (base_dir / "node-0" / "bascule.log").exists()
-    import shutil
-
     shutil.rmtree(base_dir)
 
 
@@ -204,7 +203,7 @@ def test_three_nodes_keep_their_stream_through_a_kill_and_a_nats_restart() -> No
     with LocalCluster(3) as cluster:
         assert len({n.raft_address for n in cluster.nodes}) == 3
         for node in cluster.nodes:
-            assert f"--raft-bootstrap-peers" in node.command()
+            assert "--raft-bootstrap-peers" in node.command()
             assert sorted(b.id for b in _metadata(node.address).brokers) == cluster.server_ids
         _create_stream(cluster.brokers[1], "replicated", replication_factor=3)
         cluster.kill(0)

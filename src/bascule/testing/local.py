@@ -13,6 +13,14 @@ pipe that could fill up and stall the process; every timeout error quotes the en
         ...
         cluster.kill(0)
         cluster.restart(0)   # same gRPC and Raft addresses, same data dir
+
+As a pytest fixture, yield inside the ``with`` so that cleanup (and the removal of the temporary
+directory) happens however the test ends:
+
+    @pytest.fixture
+    def cluster():
+        with LocalCluster(1) as cluster:
+            yield cluster
 """
 
 from __future__ import annotations
@@ -125,9 +133,9 @@ def _kill_leftovers() -> None:
             pass
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in process group `pgid`; Linux only, else []."""
-    members = []
+def _group_members(pgid: int, states: bool = False) -> list[Any]:
+    """Live (not zombie) processes in process group `pgid`, or (pid, state) pairs; Linux only, else []."""
+    members: list[Any] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -142,7 +150,7 @@ def _group_members(pgid: int) -> list[int]:
         # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
+            members.append((int(entry), fields[0]) if states else int(entry))
     return members
 
 
@@ -297,16 +305,33 @@ class _Process:
         self._reap_group()
 
     def pause(self) -> None:
-        """SIGSTOP the process group: it stays alive but answers nothing until `resume`."""
+        """SIGSTOP the process group, and wait until it has stopped: it stays alive but answers
+        nothing until `resume`."""
         if not self.running:
             raise LocalProcessError(f"cannot pause {self._describe()}: not running")
         self._signal_group(signal.SIGSTOP)
+        self._wait_stopped(True)
 
     def resume(self) -> None:
-        """SIGCONT the process group."""
+        """SIGCONT the process group, and wait until it runs again."""
         if not self.running:
             raise LocalProcessError(f"cannot resume {self._describe()}: not running")
         self._signal_group(signal.SIGCONT)
+        self._wait_stopped(False)
+
+    def _wait_stopped(self, stopped: bool, timeout: float = 5.0) -> None:
+        # Signals are delivered asynchronously; without this a test could look at a process that
+        # was paused but has not stopped yet.
+        assert self._popen is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            states = [state for _, state in _group_members(self._popen.pid, states=True)]
+            if all((state in "Tt") == stopped for state in states):
+                return
+            if time.monotonic() > deadline:
+                word = "stop" if stopped else "continue"
+                raise self._error(f"{self._describe()} did not {word} within {timeout:.1f} s (states {states})")
+            time.sleep(0.005)
 
     def _check_alive(self, doing: str) -> None:
         if self._popen is not None and self._popen.poll() is not None:
@@ -540,7 +565,13 @@ class LocalNode(_Process):
 
         deadline = time.monotonic() + timeout
         last = "no answer yet"
-        with grpc.insecure_channel(self.address) as channel:
+        # Short reconnect backoff: grpc's default (1 s, growing) would notice a starting node late.
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.min_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 250),
+        ]
+        with grpc.insecure_channel(self.address, options=options) as channel:
             stub = api_pb2_grpc.APIStub(channel)
             while True:
                 self._check_alive("before it was ready")
