@@ -291,8 +291,9 @@ def test_bad_settings_are_rejected_naming_the_key(settings, message):
 
 
 def test_an_error_in_a_nested_file_names_the_full_dotted_key(write_config):
-    with pytest.raises(ConfigError, match=r"^clustering\.replica\.max\.lag\.time: expected a duration like 15s, got 'soon'$"):
+    with pytest.raises(ConfigError) as raised:
         load_text(write_config, "clustering:\n  replica:\n    max.lag.time: soon\n")
+    assert str(raised.value) == "clustering.replica.max.lag.time: expected a duration like 15s, got 'soon'"
 
 
 def test_a_key_given_twice_is_rejected(write_config):

@@ -122,7 +122,11 @@ class EmbeddedNats:
         if self._process is not None:
             raise EmbeddedNatsError("nats-server is already running")
         self._ports_dir = tempfile.mkdtemp(prefix="bascule-nats-")
-        self._process = await self._spawn()
+        try:
+            self._process = await self._spawn()
+        except BaseException:
+            self._remove_ports_dir()
+            raise
         try:
             await self._wait_until_ready()
         except BaseException:
@@ -152,9 +156,18 @@ class EmbeddedNats:
         self._signal(signal.SIGKILL)
         await self._reap()
 
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open but nothing is answered, as in a hung server."""
+    async def pause(self) -> None:
+        """SIGSTOP: connections stay open but nothing is answered, as in a hung server.
+
+        Returns once every thread has stopped: the signal alone leaves a moment in which a test's
+        next request could still be served.
+        """
+        process = self._process
+        if process is None:
+            return
         self._signal(signal.SIGSTOP)
+        while process.returncode is None and not _all_threads_stopped(process.pid):
+            await asyncio.sleep(POLL_INTERVAL / 10)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
@@ -193,6 +206,7 @@ class EmbeddedNats:
             assert process.stdout is not None
             self._drain_task = asyncio.create_task(self._drain(process.stdout))
             return process
+        os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
         with open(self._log_path, "ab") as log_file:
             self._log_start = log_file.tell()
             return await asyncio.create_subprocess_exec(
@@ -262,6 +276,9 @@ class EmbeddedNats:
             await self._drain_task
             self._drain_task = None
         self._process = None
+        self._remove_ports_dir()
+
+    def _remove_ports_dir(self) -> None:
         if self._ports_dir is not None:
             shutil.rmtree(self._ports_dir, ignore_errors=True)
             self._ports_dir = None
@@ -282,4 +299,18 @@ async def _accepts_connections(url: str) -> bool:
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
+    return True
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether /proc shows every thread of `pid` stopped; True where there is no /proc to ask."""
+    for stat_path in glob.glob(f"/proc/{pid}/task/*/stat"):
+        try:
+            with open(stat_path, encoding="ascii", errors="replace") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue  # the thread has gone
+        # The state follows the command name, which may itself hold spaces and parentheses.
+        if stat.rpartition(")")[2].split()[:1] not in (["T"], ["t"]):
+            return False
     return True
