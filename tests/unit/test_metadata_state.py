@@ -40,16 +40,16 @@ def test_delete_unknown_stream_is_not_found():
 
 def test_leader_change_needs_current_epoch_and_isr_member():
     state = stream_state()
-    assert apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0) is None
+    assert apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0, isr=["b", "c"]) is None
     p = state.partition("s", 0)
-    assert (p.leader, p.leader_epoch) == ("b", 1)
-    stale = apply(state, "change_leader", name="s", partition=0, leader="c", leader_epoch=0)
+    assert (p.leader, p.leader_epoch, p.isr) == ("b", 1, ["b", "c"])
+    stale = apply(state, "change_leader", name="s", partition=0, leader="c", leader_epoch=0, isr=["c"])
     assert stale[0] == FAILED_PRECONDITION and state.partition("s", 0).leader == "b"
 
 
 def test_isr_change_from_stale_leader_is_rejected():
     state = stream_state()
-    apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0)
+    apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0, isr=["a", "b", "c"])
     zombie = apply(state, "change_isr", name="s", partition=0, replica="c", add=False, leader="a", leader_epoch=0)
     assert zombie[0] == FAILED_PRECONDITION
     assert state.partition("s", 0).isr == ["a", "b", "c"]

@@ -89,13 +89,13 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.CreateStreamResponse()
 
     async def DeleteStream(self, request, context):
-        await self._metadata_call(context, self.node.raft.propose("delete_stream", name=request.name))
+        await self._metadata_call(context, self.node.metadata.call("delete_stream", name=request.name))
         return api_pb2.DeleteStreamResponse()
 
     async def PauseStream(self, request, context):
         await self._metadata_call(
             context,
-            self.node.raft.propose(
+            self.node.metadata.call(
                 "pause", name=request.name, partitions=list(request.partitions),
                 resume_all=request.resumeAll, at=time.time_ns(),
             ),
@@ -105,7 +105,7 @@ class API(api_pb2_grpc.APIServicer):
     async def SetStreamReadonly(self, request, context):
         await self._metadata_call(
             context,
-            self.node.raft.propose(
+            self.node.metadata.call(
                 "set_readonly", name=request.name, partitions=list(request.partitions),
                 readonly=request.readonly, at=time.time_ns(),
             ),
@@ -234,7 +234,7 @@ class API(api_pb2_grpc.APIServicer):
         if meta.readonly:
             raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
         if meta.paused:
-            await self.node.raft.propose("resume", name=request.stream, partition=request.partition)
+            await self.node.metadata.call("resume", name=request.stream, partition=request.partition)
         local = self.node.local_partition(request.stream, request.partition)
         if local is None or meta.leader != self.node.server_id:
             return await self.node.publish_remote(request, wait)

@@ -140,6 +140,9 @@ class MetadataRaft:
     def status(self) -> dict[str, Any]:
         return self._sync.getStatus()
 
+    def members(self) -> list[str]:
+        return [self.address, *(node.address for node in self._sync.otherNodes)]
+
     def add_voter(self, address: str, callback: Callable[[Any, int], None] | None = None) -> None:
         self._sync.addNodeToCluster(address, callback=callback)
 

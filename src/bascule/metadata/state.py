@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from bascule.partition.replication.election import IsrChangeKind, validate_isr_change
+
 # Result codes, named as the gRPC status codes the API maps them to.
 NOT_FOUND = "NOT_FOUND"
 ALREADY_EXISTS = "ALREADY_EXISTS"
@@ -172,6 +174,7 @@ class MetadataState:
         if c["leader"] not in p.isr:
             return FAILED_PRECONDITION, f"{c['leader']} is not in the ISR"
         p.leader = c["leader"]
+        p.isr = [r for r in p.replicas if r in c["isr"]]
         p.leader_epoch += 1
         p.epoch += 1
         return None
@@ -180,17 +183,14 @@ class MetadataState:
         p = self.partition(c["name"], c["partition"])
         if p is None:
             return NOT_FOUND, "no such partition"
-        if c["leader"] != p.leader or c["leader_epoch"] != p.leader_epoch:
-            return FAILED_PRECONDITION, "stale ISR change: leader or leader epoch moved on"
-        replica = c["replica"]
-        if replica not in p.replicas:
-            return INVALID_ARGUMENT, f"{replica} is not a replica"
-        if c["add"] and replica not in p.isr:
-            p.isr.append(replica)
-        elif not c["add"] and replica in p.isr and replica != p.leader:
-            p.isr.remove(replica)
-        else:
-            return None
+        decision = validate_isr_change(
+            IsrChangeKind.EXPAND if c["add"] else IsrChangeKind.SHRINK,
+            c["replica"], c["leader"], c["leader_epoch"],
+            leader=p.leader, epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr,
+        )
+        if not decision.accepted:
+            return FAILED_PRECONDITION, f"ISR change refused: {decision.reason}"
+        p.isr = [r for r in p.replicas if r in decision.isr]
         p.epoch += 1
         return None
 

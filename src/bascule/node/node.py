@@ -22,15 +22,19 @@ import nats
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.service import MetadataService, join_cluster
 from bascule.metadata.state import INVALID_ARGUMENT, MetadataState, Partition, Stream
 from bascule.node import capture
 from bascule.node.config import Config
 from bascule.node.embedded_nats import EmbeddedNats
 from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_error, subject_error
+from bascule.partition.follower import FollowerLoop, FollowerSettings
+from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import Appended, PartitionReplica, SyncPolicy
+from bascule.partition.subjects import Subjects
+from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
@@ -53,7 +57,9 @@ class LocalPartition:
     subject: str
     group: str
     capture: Subscription | None = None
-    readers: set[asyncio.Task] = field(default_factory=set)
+    endpoint: LeaderEndpoint | None = None
+    follower: FollowerLoop | None = None
+    isr_requests: set[tuple[str, bool]] = field(default_factory=set)
 
 
 class Node:
@@ -64,6 +70,8 @@ class Node:
         self.api_port = 0
         self.nats: nats.NATS | None = None
         self.raft: MetadataRaft | None = None
+        self.metadata: MetadataService | None = None
+        self.subjects = Subjects(config.clustering.namespace)
         self.partitions: dict[tuple[str, int], LocalPartition] = {}
         self._embedded: EmbeddedNats | None = None
         self._reconcile_scheduled = False
@@ -90,15 +98,17 @@ class Node:
         )
         self._ack_prefix = f"_INBOX.bascule.{self.server_id}.{uuid.uuid4().hex[:8]}"
         await self.nats.subscribe(self._ack_prefix + ".*", cb=self._on_ack)
+        await self.nats.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
         raft_address = self._raft_address()
-        peers = [p for p in self.config.clustering.raft_bootstrap_peers if p != raft_address]
         self.raft = MetadataRaft(
             raft_address,
-            peers,
+            await self._raft_peers(raft_address),
             self.data_dir,
             self.config.clustering.raft_password,
             self._schedule_reconcile,
         )
+        self.metadata = MetadataService(self.raft, self.nats, self.subjects)
+        await self.metadata.start()
         registration = asyncio.create_task(self._register_broker(raft_address))
         self._tasks.add(registration)
         registration.add_done_callback(self._tasks.discard)
@@ -107,6 +117,7 @@ class Node:
         await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
         self._spawn(self._periodic(HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks))
         self._spawn(self._periodic(self.config.streams.cleaner_interval, self._enforce_retention))
+        self._spawn(self._periodic(self._isr_check_interval(), self._maintain_isrs))
         sync_interval = self._sync_policy().interval
         if sync_interval:
             self._spawn(self._periodic(sync_interval, self._sync_partitions))
@@ -126,10 +137,10 @@ class Node:
         if self._embedded is not None:
             await self._embedded.stop()
 
-    async def _start_nats(self) -> str:
+    async def _start_nats(self) -> list[str]:
         nats_config = self.config.nats
         if not nats_config.embedded:
-            return ",".join(nats_config.servers)
+            return list(nats_config.servers)
         config_file = nats_config.embedded_config or None
         # Like Liftbridge, the embedded server takes NATS's usual port unless its config file says otherwise.
         self._embedded = EmbeddedNats(
@@ -138,7 +149,7 @@ class Node:
             log_dir=self.data_dir,
         )
         await self._embedded.start()
-        return self._embedded.url
+        return [self._embedded.url]
 
     def _server_id(self) -> str:
         configured = self.config.clustering.server_id
@@ -165,6 +176,22 @@ class Node:
         address_file.write_text(address + "\n")
         return address
 
+    async def _raft_peers(self, raft_address: str) -> list[str]:
+        """The other voters to start Raft with: bootstrap peers, the group this node joined
+        earlier, none for a seed, or the members the metadata leader returns to a join request."""
+        clustering = self.config.clustering
+        peers_file = self.data_dir / "raft" / "peers"
+        if clustering.raft_bootstrap_peers:
+            return [p for p in clustering.raft_bootstrap_peers if p != raft_address]
+        if peers_file.exists():
+            return [p for p in peers_file.read_text().split() if p != raft_address]
+        if clustering.raft_bootstrap_seed or (self.data_dir / "raft" / "journal").exists():
+            return []
+        members = await join_cluster(self.nats, self.subjects, raft_address, self._stopping)
+        peers_file.parent.mkdir(parents=True, exist_ok=True)
+        peers_file.write_text("\n".join(members) + "\n")
+        return [m for m in members if m != raft_address]
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -189,7 +216,7 @@ class Node:
             if registered and (registered.host, registered.port, registered.raft) == (host, port, raft_address):
                 break
             try:
-                await self.raft.propose(
+                await self.metadata.call(
                     "register_broker", id=self.server_id, host=host, port=port, raft=raft_address
                 )
             except NoMetadataLeader:
@@ -202,7 +229,11 @@ class Node:
             if self.read(lambda s: CURSORS_STREAM in s.streams):
                 return
             try:
-                await self._propose_stream(CURSORS_STREAM, CURSORS_STREAM, "", 0, partitions, {})
+                await self.metadata.call(
+                    "create_stream", name=CURSORS_STREAM, subject=CURSORS_STREAM, group="",
+                    replication_factor=self.config.cursors.stream_replication_factor,
+                    partitions=partitions, settings={},
+                )
             except MetadataError:
                 return  # another node created it first
             except NoMetadataLeader:
@@ -222,28 +253,9 @@ class Node:
                 raise MetadataError(INVALID_ARGUMENT, problem)
         if partitions < 0:
             raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
-        await self._propose_stream(name, subject, group, replication_factor, partitions or 1, settings)
-
-    async def _propose_stream(
-        self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
-        settings: dict[str, Any],
-    ) -> None:
-        def placement(state: MetadataState) -> list[list[str]]:
-            return place(
-                sorted(state.brokers),
-                state.partitions_per_broker(),
-                state.partitions_led_by(),
-                replication_factor,
-                partitions,
-            )
-
-        try:
-            replicas = self.read(placement)
-        except PlacementError as exc:
-            raise MetadataError(INVALID_ARGUMENT, str(exc)) from exc
-        await self.raft.propose(
-            "create_stream", name=name, subject=subject, group=group, created=time.time_ns(),
-            settings=settings, replicas=replicas,
+        await self.metadata.call(
+            "create_stream", name=name, subject=subject, group=group,
+            replication_factor=replication_factor, partitions=partitions or 1, settings=settings,
         )
 
     # ---- reconcile ---------------------------------------------------------------------------
@@ -280,11 +292,12 @@ class Node:
         if local is None:
             local = self._open_partition(stream, partition)
             self.partitions[key] = local
-        replica = local.replica
-        min_isr = stream.settings.get("min_isr") or self.config.clustering.min_insync_replicas
         if partition.leader == self.server_id:
-            replica.become_leader(partition.leader_epoch, len(partition.isr), min_isr)
-        capturing = partition.leader == self.server_id and not partition.paused and not partition.readonly
+            await self._lead(local, stream, partition)
+        else:
+            await self._follow(local, partition)
+        local.replica.set_flags(partition.paused, partition.readonly)
+        capturing = local.replica.is_leader and not partition.paused and not partition.readonly
         if capturing and local.capture is None:
             local.capture = await self.nats.subscribe(
                 local.subject,
@@ -296,12 +309,47 @@ class Node:
         elif not capturing and local.capture is not None:
             await local.capture.unsubscribe()
             local.capture = None
-        replica.set_flags(partition.paused, partition.readonly)
+
+    async def _lead(self, local: LocalPartition, stream: Stream, partition: Partition) -> None:
+        if local.follower is not None:
+            await local.follower.stop()
+            local.follower = None
+        clustering = self.config.clustering
+        min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
+        local.replica.become_leader(
+            self.server_id, partition.leader_epoch, partition.replicas, partition.isr,
+            min_isr, clustering.replica_max_lag_time,
+        )
+        local.isr_requests.clear()
+        if local.endpoint is None:
+            local.endpoint = LeaderEndpoint(self.nats, self.subjects, local.replica, clustering.replication_max_bytes)
+            await local.endpoint.start()
+
+    async def _follow(self, local: LocalPartition, partition: Partition) -> None:
+        if local.endpoint is not None:
+            await local.endpoint.stop()
+            local.endpoint = None
+        follower = local.follower
+        if follower is not None and (follower.leader, follower.leader_epoch) == (partition.leader, partition.leader_epoch):
+            return
+        if follower is not None:
+            await follower.stop()
+        local.replica.become_follower(partition.leader, partition.leader_epoch)
+        clustering = self.config.clustering
+        settings = FollowerSettings(
+            clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
+        )
+        local.follower = FollowerLoop(
+            self.nats, self.subjects, local.replica, self.server_id, settings, self._report_leader
+        )
+        local.follower.start()
 
     def _open_partition(self, stream: Stream, partition: Partition) -> LocalPartition:
         path = self._partition_dir(stream.name, partition.id)
         commit_log = CommitLog.open(path, self._log_config(stream.settings))
-        replica = PartitionReplica(stream.name, partition.id, commit_log, self._sync_policy())
+        replica = PartitionReplica(
+            stream.name, partition.id, commit_log, self._sync_policy(), time.monotonic, self._notify_followers
+        )
         return LocalPartition(
             replica=replica,
             subject=partition_subject(stream.subject, partition.id),
@@ -313,6 +361,10 @@ class Node:
 
     async def _close_partition(self, key: tuple[str, int], delete: bool) -> None:
         local = self.partitions.pop(key)
+        if local.follower is not None:
+            await local.follower.stop()
+        if local.endpoint is not None:
+            await local.endpoint.stop()
         if local.capture is not None:
             try:
                 await local.capture.unsubscribe()
@@ -350,6 +402,64 @@ class Node:
         for local in self.partitions.values():
             local.replica.sync()
 
+    # ---- replication -------------------------------------------------------------------------
+
+    def _notify_followers(self, replica: PartitionReplica, followers: list[str]) -> None:
+        notification = encode_notification(replica.stream, replica.partition)
+        for follower in followers:
+            self._spawn(self.nats.publish(self.subjects.notify(follower), notification))
+
+    async def _on_notification(self, msg: Msg) -> None:
+        try:
+            note = envelope.decode_message(
+                msg.data, envelope.MsgType.PARTITION_NOTIFICATION, internal_pb2.PartitionNotification
+            )
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed partition notification: %s", exc)
+            return
+        local = self.partitions.get((note.stream, note.partition))
+        if local is not None and local.follower is not None:
+            local.follower.notify()
+
+    async def _report_leader(self, replica: PartitionReplica, leader: str, leader_epoch: int) -> None:
+        log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
+                    replica.stream, replica.partition, leader, leader_epoch)
+        next_offset = replica.log.next_offset
+        try:
+            await self.metadata.call(
+                "report_leader", stream=replica.stream, partition=replica.partition, leader=leader,
+                leader_epoch=leader_epoch, reporter=self.server_id,
+                last_epoch=replica.log.epochs.epoch_at(next_offset - 1) if next_offset else -1,
+                log_end_offset=next_offset,
+            )
+        except (MetadataError, NoMetadataLeader) as exc:
+            log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)
+
+    def _isr_check_interval(self) -> float:
+        return max(0.05, min(1.0, self.config.clustering.replica_max_lag_time / 4))
+
+    def _maintain_isrs(self) -> None:
+        for local in self.partitions.values():
+            shrink, expand = local.replica.isr_proposals()
+            wanted = {(r, False) for r in shrink} | {(r, True) for r in expand}
+            for replica_id, add in wanted - local.isr_requests:
+                local.isr_requests.add((replica_id, add))
+                self._spawn(self._change_isr(local, replica_id, add))
+
+    async def _change_isr(self, local: LocalPartition, replica_id: str, add: bool) -> None:
+        replica = local.replica
+        log.info("%s/%s: %s %s %s the ISR", replica.stream, replica.partition,
+                 "adding" if add else "removing", replica_id, "to" if add else "from")
+        try:
+            await self.metadata.call(
+                "change_isr", name=replica.stream, partition=replica.partition, replica=replica_id,
+                add=add, leader=self.server_id, leader_epoch=replica.leader_epoch,
+            )
+        except (MetadataError, NoMetadataLeader) as exc:
+            log.warning("ISR change of %s/%s refused: %s", replica.stream, replica.partition, exc)
+        finally:
+            local.isr_requests.discard((replica_id, add))
+
     # ---- capture and publish -----------------------------------------------------------------
 
     def _capture_callback(self, local: LocalPartition) -> Any:
@@ -376,9 +486,12 @@ class Node:
             return  # no ack: the publisher's timeout tells it the write did not happen
         appended = done.result()
         if request.policy == capture.ALL:
-            await local.replica.wait_committed(appended.first)
+            try:
+                await local.replica.wait_committed(appended.offset)
+            except Exception:
+                return  # leadership lost before commit: no ack, the publisher retries
         ack = capture.ack_message(
-            local.replica.stream, local.subject, appended.first, request,
+            local.replica.stream, local.subject, appended.offset, request,
             appended.reception_ns, time.time_ns(),
         )
         await self.nats.publish(request.inbox, capture.encode_ack(ack))
@@ -390,10 +503,10 @@ class Node:
         reception = time.time_ns()
         appended = await local.replica.submit(record, want_offset=True)
         if policy == capture.ALL:
-            await local.replica.wait_committed(appended.first)
+            await local.replica.wait_committed(appended.offset)
         request = capture.AckRequest("", correlation_id, policy, msg_subject)
         return capture.ack_message(
-            local.replica.stream, local.subject, appended.first, request, reception, time.time_ns()
+            local.replica.stream, local.subject, appended.offset, request, reception, time.time_ns()
         )
 
     async def _on_ack(self, msg: Msg) -> None:

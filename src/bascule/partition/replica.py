@@ -1,8 +1,11 @@
 """A partition replica on this node: its log, its role, and the waits built on them.
 
-This is the I/O shell around the commit log. Messages arrive in bursts (one NATS
-callback each); they are gathered and appended once per event-loop turn, so one
-write, and under the ``always`` sync policy one fsync, covers the whole burst.
+This is the shell around the commit log and the pure replication rules. As leader,
+messages arrive in bursts (one NATS callback each); they are gathered and appended
+once per event-loop turn, so one write, and under the ``always`` sync policy one
+fsync, covers the whole burst. The HW and ISR proposals come from the pure
+``IsrTracker``; as follower, the log changes only through the actions of the pure
+``Follower`` machine, applied by the follower loop.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from bascule.partition.log import CommitLog
+from bascule.partition.replication.election import start_leader_epoch
+from bascule.partition.replication.isr import IsrTracker, PendingAcks
 from bascule.wire.entry import Entry, Record
 
 log = logging.getLogger(__name__)
@@ -44,10 +49,9 @@ class SyncPolicy:
 
 @dataclass
 class Appended:
-    """Where a burst landed, resolved once written (and synced if the policy says so)."""
+    """Where a record landed, resolved once written (and synced if the policy says so)."""
 
-    first: int
-    last: int
+    offset: int
     reception_ns: int
 
 
@@ -58,65 +62,96 @@ class PartitionReplica:
         partition: int,
         commit_log: CommitLog,
         sync_policy: SyncPolicy,
-        on_committed: Callable[["PartitionReplica"], None] = lambda _: None,
+        clock: Callable[[], float],
+        notify_followers: Callable[["PartitionReplica", list[str]], None] = lambda *_: None,
     ) -> None:
         self.stream = stream
         self.partition = partition
         self.log = commit_log
         self.sync_policy = sync_policy
+        self.clock = clock
         self.leader_epoch = -1
-        self.is_leader = False
-        self.isr_size = 1
-        self.min_isr = 1
-        self._on_committed = on_committed
-        self._pending: list[tuple[Record, asyncio.Future[Appended] | None]] = []
-        self._flush_scheduled = False
-        self._commit_waiters: list[tuple[int, asyncio.Future[int]]] = []
-        self._data_changed = asyncio.Event()
-        self._closed = False
+        self.leader = ""
+        self.tracker: IsrTracker | None = None  # set while this replica leads
         self.paused = False
         self.readonly = False
+        self._notify_followers = notify_followers
+        self._pending: list[tuple[Record, asyncio.Future[Appended] | None]] = []
+        self._flush_scheduled = False
+        self._acks = PendingAcks()
+        self._data_changed = asyncio.Event()
+        self._closed = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.tracker is not None
 
     @property
     def high_watermark(self) -> int:
         return self.log.high_watermark
 
-    def become_leader(self, leader_epoch: int, isr_size: int, min_isr: int) -> None:
-        if leader_epoch != self.leader_epoch:
-            self.log.epochs.assign(leader_epoch, self.log.next_offset)
-        self.leader_epoch = leader_epoch
-        self.is_leader = True
-        self.update_isr(isr_size, min_isr)
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-    def update_isr(self, isr_size: int, min_isr: int) -> None:
-        self.isr_size, self.min_isr = isr_size, min_isr
-        self._advance_high_watermark(self.log.newest_offset)
+    # ---- roles -------------------------------------------------------------------------------
+
+    def become_leader(
+        self, leader_id: str, leader_epoch: int, replicas: Iterable[str], isr: Iterable[str],
+        min_isr: int, max_lag_time: float,
+    ) -> None:
+        """Lead ``leader_epoch``; the same epoch again only refreshes the ISR and min ISR."""
+        now = self.clock()
+        if self.tracker is not None and self.leader_epoch == leader_epoch:
+            self.tracker.min_isr = min_isr
+            self.tracker.set_isr(isr, now)
+            self._publish_high_watermark()
+            return
+        start_leader_epoch(self.log.epochs, leader_epoch, self.log.next_offset)
+        self.leader, self.leader_epoch = leader_id, leader_epoch
+        self.tracker = IsrTracker(
+            leader_id, leader_epoch, replicas, isr,
+            leader_log_end=self.log.next_offset, hw=self.log.high_watermark,
+            min_isr=min_isr, max_lag_time=max_lag_time, now=now,
+        )
+        self._publish_high_watermark()
+        self._wake_readers()
+
+    def become_follower(self, leader_id: str, leader_epoch: int) -> None:
+        if self.tracker is not None:
+            self._fail_pending(NotLeader(f"{self.stream}/{self.partition} lost leadership"))
+        self.tracker = None
+        self.leader, self.leader_epoch = leader_id, leader_epoch
+        self._wake_readers()
 
     def set_flags(self, paused: bool, readonly: bool) -> None:
         if (paused, readonly) != (self.paused, self.readonly):
             self.paused, self.readonly = paused, readonly
             self._wake_readers()
 
+    # ---- leader: appends, fetches, acks -------------------------------------------------------
+
     def submit(self, record: Record, want_offset: bool) -> asyncio.Future[Appended] | None:
         """Queue a record for this turn's append; the future resolves once it is written."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
-        if not self.is_leader:
+        if self.tracker is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        future = asyncio.get_running_loop().create_future() if want_offset else None
+        loop = asyncio.get_running_loop()
+        future = loop.create_future() if want_offset else None
         self._pending.append((record, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         return future
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, []
-        if not pending or self._closed:
+        if not pending or self.tracker is None:
             return
         try:
-            first, last = self.log.append([record for record, _ in pending], self.leader_epoch)
+            first, _ = self.log.append([record for record, _ in pending], self.leader_epoch)
             if self.sync_policy.always:
                 self.log.sync()
         except Exception as exc:
@@ -127,49 +162,77 @@ class PartitionReplica:
             return
         for offset, (record, future) in enumerate(pending, start=first):
             if future is not None and not future.done():
-                future.set_result(Appended(offset, offset, record.timestamp))
-        self._advance_high_watermark(last)
+                future.set_result(Appended(offset, record.timestamp))
+        waiting = self.tracker.leader_appended(self.log.next_offset)
+        if waiting:
+            self._notify_followers(self, waiting)
+        self._publish_high_watermark()
 
-    def _advance_high_watermark(self, leader_end: int) -> None:
-        # Alone in the ISR, the leader's own write commits; followers' progress arrives with replication.
-        if not self.is_leader or self.isr_size > 1 or self.isr_size < self.min_isr:
-            return
-        if leader_end > self.log.high_watermark:
-            self.log.high_watermark = leader_end
-            self._committed()
+    def serve_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int) -> bytes:
+        """Entries for a follower that has everything below ``log_end_offset``; b"" when caught up
+        or when the request is not one this leadership serves (wrong epoch, unknown replica)."""
+        tracker = self.tracker
+        if tracker is None or not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
+            return b""
+        self._publish_high_watermark()
+        if log_end_offset >= self.log.next_offset:
+            return b""
+        return self.log.read_raw(log_end_offset, max_bytes)
 
-    def set_high_watermark(self, hw: int) -> None:
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
+        return self.log.epochs.end_offset_for(epoch, self.log.next_offset)
+
+    def isr_proposals(self) -> tuple[list[str], list[str]]:
+        """(replicas to drop from the ISR, replicas to add) as this leader sees them now."""
+        if self.tracker is None:
+            return [], []
+        now = self.clock()
+        return self.tracker.shrink_proposals(now), self.tracker.expand_proposals(now)
+
+    def _publish_high_watermark(self) -> None:
+        hw = self.tracker.hw
         if hw > self.log.high_watermark:
             self.log.high_watermark = hw
-            self._committed()
+            self._committed(hw)
 
-    def _committed(self) -> None:
-        hw = self.log.high_watermark
-        still_waiting = []
-        for offset, future in self._commit_waiters:
-            if offset <= hw:
-                if not future.done():
-                    future.set_result(hw)
-            else:
-                still_waiting.append((offset, future))
-        self._commit_waiters = still_waiting
+    async def wait_committed(self, offset: int) -> None:
+        """Wait until ``offset`` is committed (raises NotLeader if leadership is lost first)."""
+        if offset <= self.log.high_watermark:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.add(offset, future)
+        await future
+
+    def _committed(self, hw: int) -> None:
+        for _, future in self._acks.release(hw):
+            if not future.done():
+                future.set_result(None)
         self._wake_readers()
-        self._on_committed(self)
+
+    # ---- follower: applying the Follower machine's actions -------------------------------------
+
+    def append_replicated(self, data: bytes) -> None:
+        self.log.append_raw(data)
+
+    def truncate(self, end_offset: int) -> None:
+        self.log.truncate(end_offset)
+        self._wake_readers()
+
+    def set_high_watermark(self, hw: int) -> None:
+        """A follower's HW, as its Follower machine computed it (it may go down after a truncation)."""
+        if hw != self.log.high_watermark:
+            self.log.high_watermark = hw
+            self._wake_readers()
+
+    # ---- readers -----------------------------------------------------------------------------
 
     def _wake_readers(self) -> None:
         self._data_changed.set()
         self._data_changed = asyncio.Event()
 
-    async def wait_committed(self, offset: int) -> int:
-        """Wait until ``offset`` is committed; returns the HW then."""
-        if offset <= self.log.high_watermark:
-            return self.log.high_watermark
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._commit_waiters.append((offset, future))
-        return await future
-
     async def wait_for_data(self, timeout: float | None = None) -> None:
-        """Wait until the HW moves, the partition changes role, or it closes."""
+        """Wait until the HW moves, the partition changes role or flags, or it closes."""
         event = self._data_changed
         try:
             await asyncio.wait_for(event.wait(), timeout)
@@ -180,29 +243,27 @@ class PartitionReplica:
         hw = self.log.high_watermark
         if offset > hw:
             return []
-        entries = self.log.read(offset, max_entries=max_entries)
+        entries = self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
         return [e for e in entries if e.offset <= hw]
 
     def sync(self) -> None:
         self.log.sync()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.is_leader = False
-        error = PartitionClosed(f"{self.stream}/{self.partition} closed")
-        for _, future in self._commit_waiters:
+    def _fail_pending(self, error: Exception) -> None:
+        for _, future in self._acks.fail_all():
             if not future.done():
                 future.set_exception(error)
         for _, future in self._pending:
             if future is not None and not future.done():
                 future.set_exception(error)
-        self._commit_waiters, self._pending = [], []
+        self._pending = []
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_pending(PartitionClosed(f"{self.stream}/{self.partition} closed"))
+        self.tracker = None
         self._wake_readers()
         self.log.checkpoint_high_watermark()
         self.log.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed

@@ -37,6 +37,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "partition": _INT,
         "leader": _STR,
         "leader_epoch": _INT,
+        "isr": _LIST,
     },
     "change_isr": {
         "name": _STR,

@@ -226,7 +226,9 @@ def _decode_body(
     value_length = _UINT32.unpack_from(view, position)[0]
     position += 4
     if value_length > end - position - 2:
-        raise CorruptEntry(f"entry at offset {offset}: value of {value_length} bytes overruns the body")
+        raise CorruptEntry(
+            f"entry at offset {offset}: value of {value_length} bytes overruns the body"
+        )
     value = bytes(view[position : position + value_length])
     position += value_length
     header_count = _UINT16.unpack_from(view, position)[0]
@@ -255,7 +257,9 @@ def _decode_headers(
         except UnicodeDecodeError as error:
             raise CorruptEntry(f"entry at offset {offset} has a non-UTF-8 header name") from error
     if position != end:
-        raise CorruptEntry(f"entry at offset {offset} has {end - position} bytes after its last header")
+        raise CorruptEntry(
+            f"entry at offset {offset} has {end - position} bytes after its last header"
+        )
     return headers
 
 

@@ -4,4 +4,12 @@ from bascule.partition.log.commitlog import CommitLog, LogConfig, OffsetOutOfRan
 from bascule.partition.log.epochs import EpochHistory
 from bascule.wire.entry import CorruptEntry, Entry, Record
 
-__all__ = ["CommitLog", "CorruptEntry", "Entry", "EpochHistory", "LogConfig", "OffsetOutOfRange", "Record"]
+__all__ = [
+    "CommitLog",
+    "CorruptEntry",
+    "Entry",
+    "EpochHistory",
+    "LogConfig",
+    "OffsetOutOfRange",
+    "Record",
+]

@@ -59,7 +59,12 @@ class LogConfig:
             raise ValueError(f"segment_max_bytes must be in (0, {_MAX_SEGMENT_BYTES}]")
         if self.index_interval_bytes <= 0:
             raise ValueError("index_interval_bytes must be positive")
-        for name in ("segment_max_age", "retention_max_bytes", "retention_max_messages", "retention_max_age"):
+        for name in (
+            "segment_max_age",
+            "retention_max_bytes",
+            "retention_max_messages",
+            "retention_max_age",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 
@@ -147,20 +152,21 @@ class CommitLog:
 
     def _load_epochs(self, tail_epoch_starts: list[tuple[int, int]]) -> None:
         saved = checkpoint.read_epochs(self.directory)
-        if saved is None and self.next_offset > self.oldest_offset:
-            logger.warning("rebuilding the leader-epoch history of %s from its entries", self.directory)
+        self._epochs = _CheckpointedEpochHistory(self.directory, saved.entries if saved else [])
+        # The checkpoint is written before the data it describes, so after a crash it may run
+        # ahead of the log; trimmed to the log it must agree with the entries just read.
+        self._epochs.truncate_from_end(self.next_offset)
+        self._epochs.truncate_from_start(self.oldest_offset)
+        if self.next_offset == self.oldest_offset:
+            return
+        if saved is None or not _agrees(self._epochs, tail_epoch_starts):
+            logger.warning(
+                "rebuilding the leader-epoch history of %s from its entries", self.directory
+            )
             self._epochs = _CheckpointedEpochHistory(self.directory, [])
             for segment in self._segments:
                 for epoch, start_offset in segment.epoch_starts():
                     self._epochs.assign(epoch, start_offset)
-            return
-        self._epochs = _CheckpointedEpochHistory(self.directory, saved.entries if saved else [])
-        # The checkpoint is written before the data it describes, so after a crash it can only
-        # run ahead of the log, except when the data outlived a lost checkpoint write.
-        self._epochs.truncate_from_end(self.next_offset)
-        self._epochs.truncate_from_start(self.oldest_offset)
-        for epoch, start_offset in tail_epoch_starts:
-            self._epochs.assign(epoch, start_offset)
 
     def _load_high_watermark(self) -> None:
         saved = checkpoint.read_high_watermark(self.directory)
@@ -171,7 +177,9 @@ class CommitLog:
         if saved > self.newest_offset:
             logger.warning(
                 "high watermark %d of %s is past the log's end, lowering it to %d",
-                saved, self.directory, self.newest_offset,
+                saved,
+                self.directory,
+                self.newest_offset,
             )
             saved = self.newest_offset
         self._high_watermark = saved
@@ -238,7 +246,8 @@ class CommitLog:
         self._check_epoch_is_current(leader_epoch)
         now = max(self._clock(), self._last_timestamp)
         first_offset = self.next_offset
-        data = encode_entries(first_offset, leader_epoch, _monotonic(records, now), now)
+        stamped = _monotonic(records, now, self._last_timestamp)
+        data = encode_entries(first_offset, leader_epoch, stamped, now)
         self._write(data, list(scan(data, check_crc=False)), [(leader_epoch, first_offset)])
         return first_offset, self.newest_offset
 
@@ -254,7 +263,9 @@ class CommitLog:
         epoch_starts = []
         for offset, epoch, _, _, _ in entries:
             if offset != expected_offset:
-                raise ValueError(f"entry offset {offset} does not continue the log at {expected_offset}")
+                raise ValueError(
+                    f"entry offset {offset} does not continue the log at {expected_offset}"
+                )
             if epoch < latest_epoch:
                 raise ValueError(
                     f"entry {offset} has leader epoch {epoch}, older than the log's {latest_epoch}"
@@ -322,9 +333,13 @@ class CommitLog:
         parts: list[bytes] = []
         remaining_bytes = max_bytes
         remaining_entries = max_entries
-        for segment in self._segments[self._segment_index_for(offset):]:
+        for segment in self._segments[self._segment_index_for(offset) :]:
             chunk, count = segment.read_entries(
-                offset, remaining_bytes, remaining_entries, at_least_one=not parts, check_crc=check_crc
+                offset,
+                remaining_bytes,
+                remaining_entries,
+                at_least_one=not parts,
+                check_crc=check_crc,
             )
             if chunk:
                 parts.append(chunk)
@@ -387,7 +402,9 @@ class CommitLog:
         watermark (a follower may still need them to be committed).
         """
         deletable = [
-            segment for segment in self._segments[:-1] if segment.next_offset - 1 <= self._high_watermark
+            segment
+            for segment in self._segments[:-1]
+            if segment.next_offset - 1 <= self._high_watermark
         ]
         count = min(
             len(deletable),
@@ -445,12 +462,23 @@ class CommitLog:
             segment.close()
 
 
-def _monotonic(records: Sequence[Record], now: int) -> Sequence[Record]:
-    """``records`` with their own timestamps raised where needed to never go backwards."""
+def _agrees(history: EpochHistory, epoch_starts: list[tuple[int, int]]) -> bool:
+    """Whether ``history`` matches epoch runs read from the log's entries, the first of which
+    may have begun before the entries read."""
+    for run, (epoch, start_offset) in enumerate(epoch_starts):
+        if history.epoch_at(start_offset) != epoch:
+            return False
+        if run > 0 and (epoch, start_offset) not in history.entries:
+            return False
+    return True
+
+
+def _monotonic(records: Sequence[Record], now: int, previous: int) -> Sequence[Record]:
+    """``records`` with their own timestamps raised where needed to never go below the
+    ``previous`` entry's; ``now`` (already >= ``previous``) stamps those without one."""
     if not any(record.timestamp for record in records):
         return records
     stamped = []
-    previous = now
     for record in records:
         timestamp = max(record.timestamp or now, previous)
         stamped.append(Record(record.value, record.key, record.headers, timestamp))

@@ -80,8 +80,7 @@ class EpochHistory:
         """Forget epochs wholly below ``start_offset`` once retention removed those offsets."""
         first_kept = 0
         while (
-            first_kept + 1 < len(self._entries)
-            and self._entries[first_kept + 1][1] <= start_offset
+            first_kept + 1 < len(self._entries) and self._entries[first_kept + 1][1] <= start_offset
         ):
             first_kept += 1
         del self._entries[:first_kept]

@@ -52,7 +52,9 @@ class SparseIndex:
         index = cls(interval_bytes)
         index._relative_offsets = numbers[0::2]
         index._positions = numbers[1::2]
-        if not (_strictly_increasing(index._relative_offsets) and _strictly_increasing(index._positions)):
+        if not (
+            _strictly_increasing(index._relative_offsets) and _strictly_increasing(index._positions)
+        ):
             raise InvalidIndex("index points are not in increasing order")
         index._unindexed_bytes = segment_size - (index._positions[-1] if index._positions else 0)
         return index
@@ -61,7 +63,8 @@ class SparseIndex:
         """File bytes of the points from ``first_point`` on."""
         numbers = array("I")
         for relative_offset, position in zip(
-            islice(self._relative_offsets, first_point, None), islice(self._positions, first_point, None)
+            islice(self._relative_offsets, first_point, None),
+            islice(self._positions, first_point, None),
         ):
             numbers.append(relative_offset)
             numbers.append(position)
@@ -78,7 +81,10 @@ class SparseIndex:
         self._unindexed_bytes += end - start
 
     def add_scanned_entries(
-        self, entries: Iterable[tuple[int, int, int, int, int]], base_offset: int, base_position: int
+        self,
+        entries: Iterable[tuple[int, int, int, int, int]],
+        base_offset: int,
+        base_position: int,
     ) -> None:
         """add_entry for each entry as wire.entry.scan yields it, the offsets and positions
         shifted by the segment's base offset and the position the bytes were written at."""
@@ -131,7 +137,7 @@ class SparseIndex:
         return self.last_point()
 
     def truncate(self, relative_offset: int, segment_size: int) -> None:
-        """Forget points at or after ``relative_offset`` once the segment was cut to ``segment_size``."""
+        """Forget points at or after ``relative_offset``, the segment now ``segment_size`` long."""
         keep = bisect_right(self._relative_offsets, relative_offset - 1)
         del self._relative_offsets[keep:]
         del self._positions[keep:]

@@ -69,7 +69,9 @@ class Segment:
         self._log_fd = os.open(self.log_path, flags, 0o644)
         self._index_fd = os.open(self.index_path, flags, 0o644)
         self.size = os.fstat(self._log_fd).st_size
-        self._index: SparseIndex | None = None  # loaded on first use; old segments may never need it
+        self._index: SparseIndex | None = (
+            None  # loaded on first use; old segments may never need it
+        )
         self._first_timestamp: int | None = None
         self._last_timestamp: int | None = None
 
@@ -92,7 +94,9 @@ class Segment:
         return cls(directory, base_offset, next_offset, interval_bytes)
 
     @classmethod
-    def recover(cls, directory: Path, base_offset: int, interval_bytes: int) -> tuple[Segment, WalkedTail]:
+    def recover(
+        cls, directory: Path, base_offset: int, interval_bytes: int
+    ) -> tuple[Segment, WalkedTail]:
         """Open the active segment, cutting a torn or corrupt tail back to the last good entry.
 
         Only the entries after the last trustworthy index point are read and CRC-checked.
@@ -102,7 +106,9 @@ class Segment:
         if tail.valid_end < segment.size:
             logger.warning(
                 "cutting %d bytes of torn or corrupt entries from the end of %s (kept %d bytes)",
-                segment.size - tail.valid_end, segment.log_path, tail.valid_end,
+                segment.size - tail.valid_end,
+                segment.log_path,
+                tail.valid_end,
             )
             os.ftruncate(segment._log_fd, tail.valid_end)
             os.fsync(segment._log_fd)
@@ -117,7 +123,9 @@ class Segment:
             if tail.valid_end < self.size:
                 logger.warning(
                     "%s is damaged after byte %d; reads past offset %d will fail",
-                    self.log_path, tail.valid_end, tail.next_offset - 1,
+                    self.log_path,
+                    tail.valid_end,
+                    tail.next_offset - 1,
                 )
         return self._index
 
@@ -132,7 +140,9 @@ class Segment:
         relative_offset, position = index.restart_at_last_point()
         points_before_walk = len(index)
         tail = WalkedTail(valid_end=position, next_offset=self.base_offset + relative_offset)
-        for offset, epoch, timestamp, start, end in self._walk(position, tail.next_offset, check_crc):
+        for offset, epoch, timestamp, start, end in self._walk(
+            position, tail.next_offset, check_crc
+        ):
             if not tail.epoch_starts or tail.epoch_starts[-1][0] != epoch:
                 tail.epoch_starts.append((epoch, offset))
             index.add_entry(offset - self.base_offset, start, end)
@@ -143,7 +153,11 @@ class Segment:
         if damaged:
             logger.warning("repaired index %s", self.index_path)
         elif len(index) != points_before_walk:
-            logger.info("added %d missing points to index %s", len(index) - points_before_walk, self.index_path)
+            logger.info(
+                "added %d missing points to index %s",
+                len(index) - points_before_walk,
+                self.index_path,
+            )
         if damaged or len(index) != points_before_walk:
             self._rewrite_index_file()
         return tail
@@ -186,21 +200,23 @@ class Segment:
         A failed write is cut back off so the segment keeps whole entries only.
         """
         index = self.index
-        points_before = len(index)
         try:
             _write_all(self._log_fd, data)
         except OSError:
             os.ftruncate(self._log_fd, self.size)
             raise
-        index.add_scanned_entries(entries, self.base_offset, self.size)
-        if len(index) > points_before:
-            _write_all(self._index_fd, index.encode(points_before))
-        if self._first_timestamp is None and self.size == 0:
+        position = self.size
+        if position == 0:
             self._first_timestamp = entries[0][2]
         self.size += len(data)
         self.next_offset = entries[-1][0] + 1
         self._last_timestamp = entries[-1][2]
         self.unsynced = True
+        # Written after the data: points a crash loses in between are re-added at open.
+        points_before = len(index)
+        index.add_scanned_entries(entries, self.base_offset, position)
+        if len(index) > points_before:
+            _write_all(self._index_fd, index.encode(points_before))
 
     def truncate(self, offset: int) -> None:
         """Remove the entry at ``offset`` and everything after it."""

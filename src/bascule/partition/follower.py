@@ -1,0 +1,175 @@
+"""The follower's side of replication over NATS: a loop that runs the pure ``Follower`` machine.
+
+Each action the machine emits is carried out here, in order (a request, a log
+change, a wait), and its outcome fed back as the next event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+
+from bascule.partition.replica import PartitionReplica
+from bascule.partition.replication import follower as machine
+from bascule.partition.subjects import Subjects
+from bascule.wire import envelope, replicate
+from bascule.wire.entry import scan, valid_prefix
+from bascule.wire.pb import internal_pb2
+
+log = logging.getLogger(__name__)
+
+# After a failed request the machine asks again at once; pause so a missing leader is not flooded.
+RETRY_PAUSE = 0.05
+
+
+@dataclass(frozen=True)
+class FollowerSettings:
+    fetch_timeout: float
+    leader_timeout: float
+    max_idle_wait: float
+
+    def machine_config(self) -> machine.FollowerConfig:
+        # A healthy idle leader must never be reported: idle waits stay well under the timeout.
+        idle = min(self.max_idle_wait, self.leader_timeout / 2)
+        return machine.FollowerConfig(leader_timeout=self.leader_timeout, max_idle_wait=idle)
+
+
+ReportLeader = Callable[[PartitionReplica, str, int], Awaitable[None]]
+
+
+class FollowerLoop:
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        replica: PartitionReplica,
+        server_id: str,
+        settings: FollowerSettings,
+        report_leader: ReportLeader,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.replica = replica
+        self.server_id = server_id
+        self.settings = settings
+        self.report_leader = report_leader
+        self.leader = replica.leader
+        self.leader_epoch = replica.leader_epoch
+        self._notified = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"follow {self.replica.stream}/{self.replica.partition}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def notify(self) -> None:
+        self._notified.set()
+
+    async def _run(self) -> None:
+        replica, clock = self.replica, self.replica.clock
+        follower = machine.Follower(
+            self.server_id, self.leader, self.leader_epoch, replica.log.epochs,
+            replica.log.next_offset, replica.log.high_watermark, clock(),
+            log_start_offset=replica.log.oldest_offset, config=self.settings.machine_config(),
+        )
+        actions = follower.start()
+        while True:
+            next_actions: list[machine.Action] = []
+            for action in actions:
+                next_actions += await self._carry_out(follower, action)
+            if not next_actions:
+                next_actions = await self._wait(follower, follower.next_deadline())
+            actions = next_actions
+
+    async def _carry_out(self, follower: machine.Follower, action: machine.Action) -> list[machine.Action]:
+        replica = self.replica
+        if isinstance(action, machine.SendFetch):
+            return await self._fetch(follower, action)
+        if isinstance(action, machine.SendEpochQuery):
+            return await self._ask_epoch(follower, action.epoch)
+        if isinstance(action, machine.Truncate):
+            if action.below_high_watermark:
+                log.warning("%s/%s truncating below its HW to %d", replica.stream, replica.partition, action.end_offset)
+            replica.truncate(action.end_offset)
+        elif isinstance(action, machine.SetHighWatermark):
+            replica.set_high_watermark(action.hw)
+        elif isinstance(action, machine.WaitForData):
+            return await self._wait(follower, action.until)
+        elif isinstance(action, machine.ReportLeader):
+            asyncio.create_task(self.report_leader(replica, action.leader_id, action.leader_epoch))
+        return []
+
+    async def _wait(self, follower: machine.Follower, until: float) -> list[machine.Action]:
+        timeout = max(0.0, until - self.replica.clock())
+        try:
+            await asyncio.wait_for(self._notified.wait(), timeout)
+        except asyncio.TimeoutError:
+            return follower.tick(self.replica.clock())
+        self._notified.clear()
+        return follower.on_notify(self.replica.clock())
+
+    async def _request(self, subject: str, payload: bytes) -> bytes | None:
+        try:
+            reply = await self.nc.request(subject, payload, timeout=self.settings.fetch_timeout)
+        except (asyncio.TimeoutError, NatsError) as exc:
+            log.debug("request to %s failed: %r", subject, exc)
+            await asyncio.sleep(RETRY_PAUSE)
+            return None
+        return reply.data
+
+    async def _ask_epoch(self, follower: machine.Follower, epoch: int) -> list[machine.Action]:
+        replica = self.replica
+        query = envelope.encode_message(
+            internal_pb2.LeaderEpochOffsetRequest(leaderEpoch=epoch), envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST
+        )
+        data = await self._request(self.subjects.epoch_offset(replica.stream, replica.partition), query)
+        if data is None:
+            return follower.on_epoch_query_failed(replica.clock())
+        try:
+            answer = envelope.decode_message(
+                data, envelope.MsgType.LEADER_EPOCH_OFFSET_RESPONSE, internal_pb2.LeaderEpochOffsetResponse
+            )
+        except envelope.EnvelopeError as exc:
+            log.warning("malformed epoch answer for %s/%s: %s", replica.stream, replica.partition, exc)
+            return follower.on_epoch_query_failed(replica.clock())
+        return follower.on_epoch_answer(answer.leaderEpoch, answer.endOffset, replica.clock())
+
+    async def _fetch(self, follower: machine.Follower, action: machine.SendFetch) -> list[machine.Action]:
+        replica = self.replica
+        request = envelope.encode_message(
+            internal_pb2.ReplicationRequest(
+                replicaID=self.server_id, offset=action.offset - 1, leaderEpoch=action.leader_epoch
+            ),
+            envelope.MsgType.REPLICATION_REQUEST,
+        )
+        data = await self._request(self.subjects.replicate(replica.stream, replica.partition), request)
+        if data is None:
+            return follower.on_fetch_failed(replica.clock())
+        try:
+            response = replicate.decode_response(data)
+        except envelope.EnvelopeError as exc:
+            log.warning("malformed replication response for %s/%s: %s", replica.stream, replica.partition, exc)
+            return follower.on_fetch_failed(replica.clock())
+        entries = response.entries
+        length, _ = valid_prefix(entries)
+        if length != len(entries):
+            # Keep the intact entries; the rest is fetched again from where they end.
+            log.warning("%s/%s: dropping %d corrupt bytes of a replication response",
+                        replica.stream, replica.partition, len(entries) - length)
+            entries = entries[:length]
+        positions = [(offset, epoch) for offset, epoch, _, _, _ in scan(entries, check_crc=False)]
+        actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
+        for action in actions:
+            if isinstance(action, machine.Append):
+                replica.append_replicated(bytes(entries))
+        return [a for a in actions if not isinstance(a, machine.Append)]

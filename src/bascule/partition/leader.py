@@ -1,0 +1,87 @@
+"""The leader's side of replication over NATS: answering fetches and epoch queries.
+
+Decisions (what to send, the HW, who is caught up) come from ``PartitionReplica``
+and its pure ``IsrTracker``; this module only decodes requests and sends replies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bascule.partition.log import OffsetOutOfRange
+from bascule.partition.replica import PartitionReplica
+from bascule.partition.subjects import Subjects
+from bascule.wire import envelope, replicate
+from bascule.wire.entry import CorruptEntry
+from bascule.wire.pb import internal_pb2
+
+log = logging.getLogger(__name__)
+
+
+class LeaderEndpoint:
+    def __init__(self, nc: NATS, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.replica = replica
+        self.max_bytes = max_bytes
+        self._subscriptions: list[Subscription] = []
+
+    async def start(self) -> None:
+        stream, partition = self.replica.stream, self.replica.partition
+        self._subscriptions = [
+            await self.nc.subscribe(self.subjects.replicate(stream, partition), cb=self._on_fetch),
+            await self.nc.subscribe(self.subjects.epoch_offset(stream, partition), cb=self._on_epoch_query),
+        ]
+
+    async def stop(self) -> None:
+        for subscription in self._subscriptions:
+            try:
+                await subscription.unsubscribe()
+            except Exception:
+                log.debug("unsubscribe failed", exc_info=True)
+        self._subscriptions = []
+
+    async def _on_fetch(self, msg: Msg) -> None:
+        try:
+            request = envelope.decode_message(
+                msg.data, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest
+            )
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed replication request on %s: %s", msg.subject, exc)
+            return
+        replica = self.replica
+        if not replica.is_leader or not msg.reply:
+            return  # a deposed leader stays silent rather than answer for an epoch it no longer leads
+        try:
+            data = replica.serve_fetch(request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes)
+        except (OffsetOutOfRange, CorruptEntry) as exc:
+            log.error("cannot serve %s from %s/%s: %s", request.replicaID, replica.stream, replica.partition, exc)
+            data = b""
+        await self.nc.publish(msg.reply, replicate.encode_response(replica.leader_epoch, replica.high_watermark, data))
+
+    async def _on_epoch_query(self, msg: Msg) -> None:
+        try:
+            request = envelope.decode_message(
+                msg.data, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest
+            )
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed epoch query on %s: %s", msg.subject, exc)
+            return
+        if not self.replica.is_leader or not msg.reply:
+            return
+        epoch, end_offset = self.replica.epoch_end(request.leaderEpoch)
+        response = internal_pb2.LeaderEpochOffsetResponse(endOffset=end_offset, leaderEpoch=max(epoch, 0))
+        await self.nc.publish(
+            msg.reply, envelope.encode_message(response, envelope.MsgType.LEADER_EPOCH_OFFSET_RESPONSE)
+        )
+
+
+def encode_notification(stream: str, partition: int) -> bytes:
+    return envelope.encode_message(
+        internal_pb2.PartitionNotification(stream=stream, partition=partition),
+        envelope.MsgType.PARTITION_NOTIFICATION,
+    )

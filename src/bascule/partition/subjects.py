@@ -1,0 +1,27 @@
+"""The NATS subjects of the replication protocol (Liftbridge's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subjects:
+    namespace: str
+
+    def replicate(self, stream: str, partition: int) -> str:
+        return f"{self.namespace}.{stream}.{partition}.replicate"
+
+    def epoch_offset(self, stream: str, partition: int) -> str:
+        return f"{self.namespace}.{stream}.{partition}.offset"
+
+    def notify(self, server_id: str) -> str:
+        return f"{self.namespace}.notify.{server_id}"
+
+    @property
+    def propagate(self) -> str:
+        return f"{self.namespace}.raft.metadata.propagate"
+
+    @property
+    def join(self) -> str:
+        return f"{self.namespace}.raft.metadata.join"

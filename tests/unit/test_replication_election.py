@@ -1,0 +1,190 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bascule.partition.log.epochs import EpochHistory
+from bascule.partition.replication.election import (
+    Candidate,
+    IsrChangeKind,
+    LeaderFailureReports,
+    ReportVerdict,
+    candidate_from,
+    choose_leader,
+    isr_after_leader_change,
+    start_leader_epoch,
+    validate_isr_change,
+    witness_quorum,
+)
+
+# -- leader choice ---------------------------------------------------------------------------
+
+
+def test_last_epoch_beats_log_length():
+    a = Candidate("a", 200, 2501)
+    b = Candidate("b", 198, 3000)
+    assert choose_leader([b, a], {"a", "b"}) == "a"
+
+
+def test_longer_log_wins_within_an_epoch():
+    assert choose_leader([Candidate("a", 5, 10), Candidate("b", 5, 12)], {"a", "b"}) == "b"
+
+
+def test_ties_go_to_fewest_leaderships_then_smallest_id():
+    c = [Candidate("c", 5, 10, 1), Candidate("b", 5, 10, 2), Candidate("d", 5, 10, 1)]
+    assert choose_leader(c, {"b", "c", "d"}) == "c"
+    assert choose_leader(c, {"b", "d"}) == "d"
+
+
+def test_only_isr_members_not_excluded_may_lead():
+    c = [Candidate("a", 9, 99), Candidate("b", 1, 1)]
+    assert choose_leader(c, {"b"}) == "b"
+    assert choose_leader(c, {"a", "b"}, exclude={"a"}) == "b"
+    assert choose_leader(c, {"a"}, exclude={"a"}) is None  # no unclean election
+    assert choose_leader([], {"a"}) is None
+
+
+def test_candidate_uses_the_epoch_of_its_last_entry():
+    history = EpochHistory([(1, 0), (3, 4), (5, 6)])  # epoch 5 recorded as leader, never written
+    assert candidate_from("x", history, 6, 2) == Candidate("x", 3, 6, 2)
+    assert candidate_from("x", history, 7) == Candidate("x", 5, 7, 0)
+    assert candidate_from("x", EpochHistory(), 0) == Candidate("x", -1, 0, 0)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-1, 5), st.integers(0, 20), st.integers(0, 3)), min_size=1, max_size=6
+    ),
+    st.sets(st.integers(0, 5)),
+)
+def test_choice_is_a_greatest_pair_of_the_isr(specs, isr_indexes):
+    candidates = [Candidate(f"r{i}", e, leo, n) for i, (e, leo, n) in enumerate(specs)]
+    isr = {f"r{i}" for i in isr_indexes}
+    chosen = choose_leader(candidates, isr)
+    eligible = [c for c in candidates if c.replica_id in isr]
+    if not eligible:
+        assert chosen is None
+        return
+    best = max((c.last_epoch, c.log_end_offset) for c in eligible)
+    winner = next(c for c in candidates if c.replica_id == chosen)
+    assert chosen in isr and (winner.last_epoch, winner.log_end_offset) == best
+    assert choose_leader(list(reversed(candidates)), isr) == chosen  # order does not matter
+
+
+def test_new_leader_records_its_epoch_before_appending():
+    history = EpochHistory([(1, 0)])
+    start_leader_epoch(history, 4, 7)
+    assert history.entries == [(1, 0), (4, 7)]
+    start_leader_epoch(history, 4, 7)  # idempotent
+    assert history.end_offset_for(1, 7) == (1, 7)
+    with pytest.raises(ValueError):
+        start_leader_epoch(history, 3, 7)
+
+
+def test_failed_leader_leaves_the_isr():
+    assert isr_after_leader_change({"a", "b", "c"}, "a", "b") == {"b", "c"}
+    assert isr_after_leader_change({"a"}, None, "b") == {"a", "b"}
+
+
+# -- witnesses -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("followers,quorum", [(0, 1), (1, 1), (2, 2), (3, 2), (4, 3)])
+def test_witness_quorum(followers, quorum):
+    isr = {"L"} | {f"f{i}" for i in range(followers)}
+    assert witness_quorum(isr, "L") == quorum
+
+
+def report(reports, reporter, *, leader="L", epoch=3, isr=("L", "a", "b"), reported="L", reported_epoch=3, now=0.0, p="p"):
+    return reports.report(p, reported, reported_epoch, reporter, leader=leader, epoch=epoch, isr=set(isr), now=now)
+
+
+def test_one_witness_is_enough_with_one_follower():
+    assert report(LeaderFailureReports(), "a", isr=("L", "a")) is ReportVerdict.LEADER_FAILED
+
+
+def test_majority_of_followers_must_witness():
+    reports = LeaderFailureReports()
+    assert report(reports, "a") is ReportVerdict.RECORDED
+    assert report(reports, "a") is ReportVerdict.RECORDED  # the same witness twice
+    assert reports.witnesses("p") == {"a"}
+    assert report(reports, "b") is ReportVerdict.LEADER_FAILED
+    assert reports.witnesses("p") == frozenset()  # cleared
+
+
+def test_stale_reports_are_ignored():
+    reports = LeaderFailureReports()
+    assert report(reports, "a", reported_epoch=2) is ReportVerdict.STALE
+    assert report(reports, "a", reported="x") is ReportVerdict.STALE
+    assert report(reports, "a", leader=None) is ReportVerdict.STALE
+    assert reports.witnesses("p") == frozenset()
+
+
+def test_only_isr_followers_witness():
+    reports = LeaderFailureReports()
+    assert report(reports, "L") is ReportVerdict.NOT_A_WITNESS
+    assert report(reports, "z") is ReportVerdict.NOT_A_WITNESS
+
+
+def test_reports_of_an_older_epoch_do_not_count_towards_the_new_one():
+    reports = LeaderFailureReports()
+    report(reports, "a", epoch=3, reported_epoch=3)
+    assert report(reports, "b", epoch=4, reported_epoch=4) is ReportVerdict.RECORDED
+    assert reports.witnesses("p") == {"b"}
+
+
+def test_witnesses_that_left_the_isr_do_not_count():
+    reports = LeaderFailureReports()
+    report(reports, "a", isr=("L", "a", "b", "c"))
+    assert report(reports, "b", isr=("L", "b", "c")) is ReportVerdict.RECORDED
+
+
+def test_reports_expire():
+    reports = LeaderFailureReports(report_ttl=30.0)
+    report(reports, "a", now=0.0)
+    assert report(reports, "b", now=31.0) is ReportVerdict.RECORDED
+    assert report(reports, "a", now=40.0) is ReportVerdict.LEADER_FAILED
+
+
+def test_partitions_are_separate_and_clearable():
+    reports = LeaderFailureReports()
+    report(reports, "a", p="p1")
+    assert report(reports, "b", p="p2") is ReportVerdict.RECORDED
+    reports.clear("p1")
+    assert report(reports, "b", p="p1") is ReportVerdict.RECORDED
+
+
+# -- ISR changes -----------------------------------------------------------------------------
+
+
+def change(kind, replica, leader="L", epoch=3, **kw):
+    meta = dict(leader="L", epoch=3, replicas={"L", "a", "b"}, isr={"L", "a"})
+    meta.update(kw)
+    return validate_isr_change(kind, replica, leader, epoch, **meta)
+
+
+def test_valid_shrink_and_expand():
+    d = change(IsrChangeKind.SHRINK, "a")
+    assert d.accepted and d.isr == {"L"}
+    d = change(IsrChangeKind.EXPAND, "b")
+    assert d.accepted and d.isr == {"L", "a", "b"}
+
+
+@pytest.mark.parametrize(
+    "kind,replica,args,reason",
+    [
+        (IsrChangeKind.SHRINK, "a", dict(leader="Z"), "stale leader"),
+        (IsrChangeKind.SHRINK, "a", dict(epoch=2), "stale leader epoch"),
+        (IsrChangeKind.EXPAND, "b", dict(epoch=4), "stale leader epoch"),
+        (IsrChangeKind.EXPAND, "z", {}, "not a replica"),
+        (IsrChangeKind.SHRINK, "L", {}, "cannot remove the leader"),
+        (IsrChangeKind.SHRINK, "b", {}, "not in the ISR"),
+        (IsrChangeKind.EXPAND, "a", {}, "already in the ISR"),
+    ],
+)
+def test_refused_isr_changes(kind, replica, args, reason):
+    d = change(kind, replica, **args)
+    assert not d.accepted and d.reason == reason and d.isr == {"L", "a"}
+
+
+def test_isr_change_of_a_leaderless_partition_is_refused():
+    assert change(IsrChangeKind.SHRINK, "a", leader=None).reason == "stale leader"
