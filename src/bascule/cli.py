@@ -28,7 +28,7 @@ def _stream(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--stream", required=True, help="stream name")
 
 
-def _partitions(parser: argparse.ArgumentParser) -> None:
+def _target_partitions(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--partitions", type=int, action="append", default=[],
                         help="target partition (repeatable; default all)")
 
@@ -90,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     pause = commands.add_parser("pause", help="pause a stream's partitions")
     _address(pause)
     _stream(pause)
-    _partitions(pause)
+    _target_partitions(pause)
     pause.add_argument("-r", "--resume-all", action="store_true",
                        help="resume all partitions when one is published to")
 
     readonly = commands.add_parser("set-readonly", help="make partitions readonly (or writable)")
     _address(readonly)
     _stream(readonly)
-    _partitions(readonly)
+    _target_partitions(readonly)
     readonly.add_argument("--writable", action="store_true", help="clear the readonly flag instead")
 
     set_cursor = commands.add_parser("set-cursor", help="store a consumer cursor")
@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     _stream(fetch_cursor)
     fetch_cursor.add_argument("--partition", type=int, default=0)
     fetch_cursor.add_argument("-c", "--cursor", required=True, help="cursor id")
+    status = commands.add_parser("status", help="the metadata Raft group: leader, term, voters' lag")
+    _address(status)
+
+    partitions = commands.add_parser("partitions", help="leader, ISR, HW, log end and lag of each replica")
+    _address(partitions)
+    partitions.add_argument("stream", nargs="?", default="", help="one stream (default all)")
     return parser
 
 
@@ -236,7 +242,39 @@ async def _fetch_cursor(client: Client, args: argparse.Namespace) -> None:
     _print(args, {"cursor": args.cursor, "offset": offset}, [[offset]])
 
 
+async def _status(client: Client, args: argparse.Namespace) -> None:
+    status = await client.status()
+    if not args.json:
+        print(f"raft leader: {status['raftLeaderId'] or '?'} ({status['raftLeader'] or 'none'})  "
+              f"term {status['term']}  commit index {status['commitIndex']}  (view of {status['answeredBy']})")
+    rows = [["BROKER", "ADDRESS", "RAFT", "ROLE", "MATCH", "LAG", "CONNECTED"]]
+    voters = {v["address"]: v for v in status["voters"]}
+    for broker in status["brokers"]:
+        voter = voters.pop(broker["raftAddress"], {})
+        rows.append([broker["id"], f"{broker['host']}:{broker['port']}", broker["raftAddress"],
+                     "leader" if voter.get("leader") else ("voter" if voter else "-"),
+                     voter.get("matchIndex", "-"), voter.get("lag", "-"), voter.get("connected", "-")])
+    for voter in voters.values():
+        rows.append(["?", "-", voter["address"], "leader" if voter["leader"] else "voter",
+                     voter["matchIndex"], voter["lag"], voter["connected"]])
+    _print(args, status, rows)
+
+
+async def _partitions(client: Client, args: argparse.Namespace) -> None:
+    partitions = await client.partitions(args.stream)
+    rows = [["STREAM", "PARTITION", "LEADER", "EPOCH", "LEADER EPOCH", "HW", "REPLICA", "ISR", "LOG END", "LAG"]]
+    for p in partitions:
+        for r in p["replicaStatus"]:
+            end = r["logEndOffset"] if r["reachable"] else "unreachable"
+            rows.append([p["stream"], p["partition"], p["leader"], p["partitionEpoch"], p["leaderEpoch"],
+                         p["highWatermark"], r["id"], "yes" if r["inIsr"] else "no", end,
+                         r["lag"] if r["reachable"] else "-"])
+    _print(args, partitions, rows)
+
+
 ADMIN_COMMANDS = {
+    "status": _status,
+    "partitions": _partitions,
     "create": _create,
     "delete": _delete,
     "publish": _publish,

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bascule.wire.pb import api_pb2, api_pb2_grpc
+from google.protobuf.message import Message as ProtoMessage
+
+from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 
 ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
 START_POSITIONS = {
@@ -303,6 +305,22 @@ class Client:
                 last_error = exc
         raise last_error
 
+    @_rpc_errors
+    async def status(self) -> dict:
+        """The metadata Raft group: brokers, leader, term, each voter's match index and lag."""
+        self._stub()  # opens the channel
+        stub = admin_pb2_grpc.AdminStub(self._channels[self.address])
+        response = await stub.Status(admin_pb2.StatusRequest(), timeout=self.timeout)
+        return _as_dict(response)
+
+    @_rpc_errors
+    async def partitions(self, stream: str = "") -> list[dict]:
+        """Each partition's leader, replicas, ISR, epochs, HW, and every replica's log end and lag."""
+        self._stub()
+        stub = admin_pb2_grpc.AdminStub(self._channels[self.address])
+        response = await stub.Partitions(admin_pb2.PartitionsRequest(stream=stream), timeout=self.timeout)
+        return [_as_dict(p) for p in response.partitions]
+
     async def wait_ready(self, deadline: float = 10.0) -> None:
         """Wait until the server answers metadata requests with at least one broker."""
         loop = asyncio.get_running_loop()
@@ -317,6 +335,19 @@ class Client:
             if loop.time() > end:
                 raise BasculeError(grpc.StatusCode.UNAVAILABLE, "no broker registered")
             await asyncio.sleep(0.1)
+
+
+def _as_dict(message: ProtoMessage) -> dict:
+    """Every field, integers kept as integers (protobuf's JSON mapping turns int64 into strings)."""
+    result = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            value = [_as_dict(v) for v in value] if field.is_repeated else _as_dict(value)
+        elif field.is_repeated:
+            value = list(value)
+        result[field.name] = value
+    return result
 
 
 def _publish_request(stream, value, key, headers, partition, ack_policy, correlation_id) -> api_pb2.PublishRequest:

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from bascule.api import positions
+from bascule.api.admin import Admin
 from bascule.api.cursors import CursorError, Cursors
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.node import capture
@@ -22,7 +23,7 @@ from bascule.node.node import LocalPartition, Node
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import NotLeader, PartitionClosed
 from bascule.wire.entry import CorruptEntry, Entry, Record
-from bascule.wire.pb import api_pb2, api_pb2_grpc
+from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +354,7 @@ def bind(node: Node, host: str, port: int, tls: tuple[bytes, bytes] | None = Non
         ]
     )
     api_pb2_grpc.add_APIServicer_to_server(API(node), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(Admin(node), server)
     address = f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)

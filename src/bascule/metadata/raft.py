@@ -140,6 +140,23 @@ class MetadataRaft:
     def status(self) -> dict[str, Any]:
         return self._sync.getStatus()
 
+    def quorum(self) -> dict[str, Any]:
+        """This node's view of the group: leader, term, commit index, each voter's match index
+        (known only on the leader; -1 elsewhere) and connection state."""
+        status = self._sync.getStatus()
+        leader = status["leader"].address if status["leader"] is not None else ""
+        commit = status["commit_idx"]
+        voters = []
+        for address in self.members():
+            if address == self.address:
+                match, connected = (commit if self.is_leader else -1), True
+            else:
+                match = status.get(f"match_idx_server_{address}", -1)
+                connected = status.get(f"partner_node_status_server_{address}") == 2
+            voters.append({"address": address, "match_index": match, "connected": connected,
+                           "leader": address == leader})
+        return {"leader": leader, "term": status["raft_term"], "commit_index": commit, "voters": voters}
+
     def members(self) -> list[str]:
         return [self.address, *(node.address for node in self._sync.otherNodes)]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import nats
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -49,6 +50,7 @@ HW_CHECKPOINT_INTERVAL = 5.0
 REMOTE_ACK_TIMEOUT = 30.0
 NATS_DEFAULT_PORT = 4222
 REGISTRATION_WAIT = 10.0
+ADMIN_TIMEOUT = 2.0
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Node:
         )
         self.metadata = MetadataService(self.raft, self.nats, self.subjects)
         await self.metadata.start()
+        await self.nats.subscribe(self.subjects.admin_status, cb=self._on_status_request)
+        await self.nats.subscribe(self.subjects.admin_replicas, cb=self._on_replicas_request)
         registration = asyncio.create_task(self._register_broker(raft_address))
         self._tasks.add(registration)
         registration.add_done_callback(self._tasks.discard)
@@ -459,6 +463,63 @@ class Node:
             log.warning("ISR change of %s/%s refused: %s", replica.stream, replica.partition, exc)
         finally:
             local.isr_requests.discard((replica_id, add))
+
+    # ---- admin -------------------------------------------------------------------------------
+
+    async def raft_quorum(self) -> dict[str, Any]:
+        """The Raft leader's view of the quorum (only it knows match indexes), else this node's."""
+        if not self.raft.is_leader:
+            try:
+                reply = await self.nats.request(self.subjects.admin_status, b"", timeout=ADMIN_TIMEOUT)
+                return msgpack.unpackb(reply.data, raw=False)
+            except Exception as exc:
+                log.info("no Raft leader view (%r); answering with this node's", exc)
+        return {**self.raft.quorum(), "answered_by": self.server_id}
+
+    async def _on_status_request(self, msg: Msg) -> None:
+        if self.raft.is_leader and msg.reply:
+            view = {**self.raft.quorum(), "answered_by": self.server_id}
+            await self.nats.publish(msg.reply, msgpack.packb(view, use_bin_type=True))
+
+    def replica_report(self) -> dict[str, tuple[int, int]]:
+        """"stream/partition" -> (log end offset, HW) of every replica on this node."""
+        return {
+            f"{stream}/{pid}": (local.replica.log.next_offset, local.replica.high_watermark)
+            for (stream, pid), local in self.partitions.items()
+            if not local.replica.closed
+        }
+
+    async def _on_replicas_request(self, msg: Msg) -> None:
+        if msg.reply:
+            report = {"id": self.server_id, "replicas": self.replica_report()}
+            await self.nats.publish(msg.reply, msgpack.packb(report, use_bin_type=True))
+
+    async def gather_replica_reports(self, timeout: float) -> dict[str, dict[str, tuple[int, int]]]:
+        """Every reachable broker's replica report, by broker id (scatter-gather over NATS)."""
+        expected = set(self.read(lambda s: list(s.brokers)))
+        reports: dict[str, dict[str, tuple[int, int]]] = {}
+        everyone_answered = asyncio.Event()
+
+        async def on_reply(msg: Msg) -> None:
+            try:
+                body = msgpack.unpackb(msg.data, raw=False)
+                reports[body["id"]] = {k: tuple(v) for k, v in body["replicas"].items()}
+            except Exception as exc:
+                log.warning("dropping malformed replica report: %s", exc)
+            if expected <= set(reports):
+                everyone_answered.set()
+
+        inbox = self.nats.new_inbox()
+        subscription = await self.nats.subscribe(inbox, cb=on_reply)
+        try:
+            await self.nats.publish(self.subjects.admin_replicas, b"", reply=inbox)
+            try:
+                await asyncio.wait_for(everyone_answered.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            await subscription.unsubscribe()
+        return reports
 
     # ---- capture and publish -----------------------------------------------------------------
 

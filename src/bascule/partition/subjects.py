@@ -25,3 +25,11 @@ class Subjects:
     @property
     def join(self) -> str:
         return f"{self.namespace}.raft.metadata.join"
+
+    @property
+    def admin_status(self) -> str:
+        return f"{self.namespace}.admin.status"
+
+    @property
+    def admin_replicas(self) -> str:
+        return f"{self.namespace}.admin.replicas"

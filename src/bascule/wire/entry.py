@@ -200,11 +200,14 @@ def valid_prefix(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
     return length, count
 
 
-def decode_entries(buf: bytes | bytearray | memoryview) -> list[Entry]:
-    """Decode whole entries, raising CorruptEntry unless every byte of ``buf`` is intact."""
+def decode_entries(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> list[Entry]:
+    """Decode whole entries, raising CorruptEntry unless every byte of ``buf`` is intact.
+
+    ``check_crc=False`` is for bytes whose checksums were just checked.
+    """
     view = memoryview(buf)
     entries = []
-    for offset, leader_epoch, timestamp, start, end in scan(view):
+    for offset, leader_epoch, timestamp, start, end in scan(view, check_crc):
         key, value, headers = _decode_body(view, start + HEADER_SIZE, end, offset)
         entries.append(Entry(offset, timestamp, leader_epoch, key, value, headers))
     return entries

@@ -26,7 +26,7 @@ from bascule.partition.log.segment import (
     parse_segment_name,
     segment_name,
 )
-from bascule.wire.entry import CorruptEntry, Entry, Record, decode_entries, encode_entries, scan
+from bascule.wire.entry import Entry, Record, decode_entries, encode_entries, scan
 
 logger = logging.getLogger(__name__)
 
@@ -312,20 +312,18 @@ class CommitLog:
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Stored bytes of whole entries from ``offset``: at least one entry even if it is
-        bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked."""
-        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize, check_crc=True)
+        bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked: the
+        bytes stop before a damaged entry, and reading from one raises CorruptEntry."""
+        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
         """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
-        of stored bytes unless the first entry alone is bigger. Raises CorruptEntry rather
-        than return a damaged entry."""
-        raw = self._read_raw(offset, max_bytes, max_entries, check_crc=False)
-        try:
-            return decode_entries(raw)  # checks every CRC
-        except CorruptEntry as error:
-            raise CorruptEntry(f"{self.directory}: {error}") from error
+        of stored bytes unless the first entry alone is bigger."""
+        return decode_entries(self._read_raw(offset, max_bytes, max_entries), check_crc=False)
 
-    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool) -> bytes:
+    def _read_raw(self, offset: int, max_bytes: int, max_entries: int) -> bytes:
+        """Whole entries from ``offset``, every one CRC-checked. They stop before a damaged
+        entry, and CorruptEntry is raised when reading from one, never its bytes returned."""
         if not self.oldest_offset <= offset <= self.next_offset:
             raise OffsetOutOfRange(offset, self.oldest_offset, self.next_offset)
         if offset == self.next_offset or max_entries <= 0:
@@ -339,7 +337,6 @@ class CommitLog:
                 remaining_bytes,
                 remaining_entries,
                 at_least_one=not parts,
-                check_crc=check_crc,
             )
             if chunk:
                 parts.append(chunk)

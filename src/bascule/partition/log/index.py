@@ -7,7 +7,6 @@ before the wanted offset and the segment walks entry headers from there.
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from bisect import bisect_right
@@ -15,8 +14,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from operator import lt
 
-POINT = struct.Struct(">II")
-POINT_SIZE = POINT.size
+POINT_SIZE = 8  # relative offset and position, big-endian uint32 each
 
 if array("I").itemsize != 4:  # pragma: no cover - every supported platform has 32-bit unsigned int
     raise ImportError("bascule's index needs a 4-byte array('I')")
@@ -61,13 +59,9 @@ class SparseIndex:
 
     def encode(self, first_point: int = 0) -> bytes:
         """File bytes of the points from ``first_point`` on."""
-        numbers = array("I")
-        for relative_offset, position in zip(
-            islice(self._relative_offsets, first_point, None),
-            islice(self._positions, first_point, None),
-        ):
-            numbers.append(relative_offset)
-            numbers.append(position)
+        numbers = array("I", bytes(POINT_SIZE * (len(self._positions) - first_point)))
+        numbers[0::2] = self._relative_offsets[first_point:]
+        numbers[1::2] = self._positions[first_point:]
         if sys.byteorder == "little":
             numbers.byteswap()
         return numbers.tobytes()

@@ -65,15 +65,27 @@ class Segment:
         self.index_path = directory / (segment_name(base_offset) + INDEX_SUFFIX)
         self.interval_bytes = interval_bytes
         self.unsynced = False
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
-        self._log_fd = os.open(self.log_path, flags, 0o644)
-        self._index_fd = os.open(self.index_path, flags, 0o644)
-        self.size = os.fstat(self._log_fd).st_size
+        # Opened on first use, so that old segments nobody reads hold no file descriptors.
+        self._open_log_fd: int | None = None
+        self._open_index_fd: int | None = None
+        self.size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._index: SparseIndex | None = (
             None  # loaded on first use; old segments may never need it
         )
         self._first_timestamp: int | None = None
         self._last_timestamp: int | None = None
+
+    @property
+    def _log_fd(self) -> int:
+        if self._open_log_fd is None:
+            self._open_log_fd = _open_appendable(self.log_path)
+        return self._open_log_fd
+
+    @property
+    def _index_fd(self) -> int:
+        if self._open_index_fd is None:
+            self._open_index_fd = _open_appendable(self.index_path)
+        return self._open_index_fd
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -81,8 +93,9 @@ class Segment:
     def create(cls, directory: Path, base_offset: int, interval_bytes: int) -> Segment:
         segment = cls(directory, base_offset, base_offset, interval_bytes)
         if segment.size:
-            segment.close()
             raise FileExistsError(f"new segment {segment.log_path} already holds data")
+        segment.log_path.touch()
+        segment.index_path.touch()
         segment._index = SparseIndex(interval_bytes)
         return segment
 
@@ -164,7 +177,10 @@ class Segment:
 
     def _read_index_file(self) -> tuple[SparseIndex, bool]:
         """The index as stored, without points past the data; True if it was damaged."""
-        data = _read_whole(self._index_fd)
+        try:
+            data = self.index_path.read_bytes()
+        except FileNotFoundError:
+            data = b""
         try:
             index = SparseIndex.decode(data, self.interval_bytes, self.size)
         except InvalidIndex as error:
@@ -237,8 +253,10 @@ class Segment:
             self.unsynced = False
 
     def close(self) -> None:
-        os.close(self._log_fd)
-        os.close(self._index_fd)
+        for fd in (self._open_log_fd, self._open_index_fd):
+            if fd is not None:
+                os.close(fd)
+        self._open_log_fd = self._open_index_fd = None
 
     def delete(self) -> None:
         """Close and remove the files, the log first: a stray index is cleaned up at open."""
@@ -253,13 +271,13 @@ class Segment:
         return self.size == 0
 
     def read_entries(
-        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool, check_crc: bool
+        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool
     ) -> tuple[bytes, int]:
-        """(bytes, count) of whole entries from ``offset``, within the limits.
+        """(bytes, count) of whole, CRC-checked entries from ``offset``, within the limits.
 
         ``at_least_one`` returns the first entry even when it is bigger than ``max_bytes``.
-        With ``check_crc`` it raises CorruptEntry rather than return a damaged entry; without,
-        the caller must check them.
+        The entries stop before a damaged one; if that is the first, CorruptEntry is raised
+        (when ``at_least_one``), so a reader gets every good entry and then the error.
         """
         position = self.locate(offset)
         available = self.size - position
@@ -270,15 +288,15 @@ class Segment:
         length = count = 0
         expected_offset = offset
         try:
-            for entry_offset, _, _, _, end in scan(chunk, check_crc):
+            for entry_offset, _, _, _, end in scan(chunk):
                 if entry_offset != expected_offset:
                     raise CorruptEntry(f"expected offset {expected_offset}, found {entry_offset}")
                 length, count, expected_offset = end, count + 1, expected_offset + 1
                 if count == max_entries:
                     break
         except CorruptEntry as error:
-            if not self._cut_by_read_limit(chunk, length, position):
-                raise CorruptEntry(f"{self.log_path}, byte {position + length}: {error}") from error
+            if at_least_one and not count and not self._cut_by_read_limit(chunk, length, position):
+                raise CorruptEntry(f"{self.log_path}, byte {position}: {error}") from error
         return chunk[:length], count
 
     def _cut_by_read_limit(self, chunk: bytes, good_length: int, position: int) -> bool:
@@ -404,13 +422,12 @@ class Segment:
             position += consumed
 
 
+def _open_appendable(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _read_whole(fd: int) -> bytes:
-    size = os.fstat(fd).st_size
-    return os.pread(fd, size, 0) if size else b""

@@ -1,0 +1,86 @@
+"""Partition replication rules as pure, sans-I/O state machines.
+
+Nothing here touches NATS, the disk or a clock: the shells (``bascule.partition``) feed values
+and events in (time as a float ``now``) and carry the returned decisions/actions out.
+
+Offset conventions (Liftbridge's), used everywhere in this package:
+
+- **HW** (high watermark) = offset of the *last committed* message; ``-1`` = nothing committed.
+- **log end offset** (LEO) = offset the *next* message will get (last offset + 1). A follower's
+  fetch names its LEO; on Liftbridge's wire the ReplicationRequest ``offset`` is its newest
+  offset, i.e. LEO - 1 (-1 when empty): the shell converts.
+- So HW = min(LEO over the ISR) - 1, and an ALL-ack for offset X may fire once HW >= X.
+- Epoch queries follow Kafka (KIP-101/279): the answer to "end of epoch E" is (largest epoch
+  <= E the leader knows, *exclusive* end offset of it); ``EpochHistory.end_offset_for`` computes
+  it on the leader. (-1, -1) = no such epoch. ``LeaderEpochOffsetResponse.leaderEpoch`` is
+  unsigned on the wire: the shell passes ``end_offset=-1`` for "unknown", whatever the epoch.
+
+Modules and their API
+---------------------
+
+``hw``
+    - ``leader_high_watermark(current_hw, isr_log_ends, min_isr) -> int``: min LEO - 1 over the
+      ISR (leader included; ``None`` = unknown blocks), only while |ISR| >= min_isr, monotonic.
+    - ``follower_high_watermark(current_hw, leader_hw, log_end_offset) -> int``:
+      max(current, min(leader HW, own last offset)).
+    - ``clamp_high_watermark(hw, log_end_offset) -> int``: after a truncation.
+
+``isr`` (leader side, one object per leadership)
+    - ``IsrTracker(leader_id, leader_epoch, replicas, isr, *, leader_log_end, hw, min_isr,
+      max_lag_time, now, epoch_start=None)``; attributes ``hw``, ``isr``, ``can_commit``. The HW
+      may already move at construction (a leader that is the whole ISR): read ``hw`` then.
+    - ``.leader_appended(log_end_offset) -> list[str]``: followers to notify (waiting ones).
+      Under sync policy "always", pass the *durable* log end.
+    - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now) -> bool``: False = answer
+      with no data (unknown replica, other epoch, beyond this leader's log).
+    - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
+    - ``.shrink_proposals(now) -> list[str]`` / ``.expand_proposals(now) -> list[str]``.
+    - ``.set_isr(isr, now)``: the ISR the metadata committed.
+    - ``PendingAcks``: ``add(offset, token)``, ``release(hw) -> [(offset, token)]``,
+      ``fail_all() -> [(offset, token)]`` (on losing leadership), ``len()``.
+
+``follower`` (one object per leader epoch; restart = new object)
+    - ``Follower(replica_id, leader_id, leader_epoch, history, log_end_offset, hw, now, *,
+      log_start_offset=0, config=FollowerConfig())``; ``FollowerConfig(leader_timeout=15,
+      max_idle_wait=10, retry_backoff=0.5)``; attributes ``state`` (TRUNCATING / FETCHING /
+      IDLE), ``log_end_offset``, ``history`` (own copy), ``hw``.
+    - events, each returning a list of actions: ``start()``,
+      ``on_epoch_answer(epoch, end_offset, now)``, ``on_epoch_query_failed(now)``,
+      ``on_replicate(leader_epoch, leader_hw, entries=[(offset, epoch), ...], now)``,
+      ``on_fetch_failed(now)``, ``on_notify(now)``, ``tick(now)``; ``next_deadline() -> float``.
+    - actions: ``SendEpochQuery(epoch)``, ``Truncate(end_offset, below_high_watermark)``,
+      ``SendFetch(offset, leader_epoch)``, ``Append(first_offset, count, epoch_starts)``,
+      ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``ReportLeader(leader_id, leader_epoch)``.
+      The shell applies Truncate/Append/SetHighWatermark to the real log in order.
+
+``election`` (metadata leader side, plus the new leader's first step)
+    - ``Candidate(replica_id, last_epoch, log_end_offset, leader_count=0)``;
+      ``candidate_from(replica_id, history, log_end_offset, leader_count=0)``.
+    - ``choose_leader(candidates, isr, exclude=()) -> str | None``: greatest (last epoch, LEO)
+      among live ISR members, ties: fewest leaderships, then id; None = no unclean election.
+    - ``isr_after_leader_change(isr, old_leader, new_leader) -> frozenset``.
+    - ``start_leader_epoch(history, epoch, log_end_offset)``: before the first append.
+    - ``witness_quorum(isr, leader) -> int``; ``LeaderFailureReports(report_ttl=None)`` with
+      ``.report(partition, reported_leader, leader_epoch, reporter, *, leader, epoch, isr,
+      now=0.0) -> ReportVerdict`` (STALE, NOT_A_WITNESS, RECORDED, LEADER_FAILED),
+      ``.witnesses(partition)``, ``.clear(partition)``.
+    - ``validate_isr_change(kind, replica_id, request_leader, request_epoch, *, leader, epoch,
+      replicas, isr) -> IsrDecision(accepted, reason, isr)``; ``IsrChangeKind.SHRINK/EXPAND``.
+
+Protocol decisions taken here (see each module for the reasoning)
+-----------------------------------------------------------------
+
+- A follower truncates to min(leader's end, *its own end* of the answered epoch), not to
+  min(leader's end, its LEO): when the answered epoch is older than the asked one, the
+  follower's part of it may end earlier (its later epoch follows), and those entries diverge.
+- A follower with no epoch in common with the leader (answer (-1, -1)) truncates to its log
+  start; a follower's own HW is never a truncation point; a truncation below the HW lowers the
+  HW and is flagged. ``Truncate`` is emitted even when no entry goes: it drops empty epochs the
+  replica recorded as a leader, without which the leader's older-epoch entries would be refused.
+- A follower's HW never moves backwards on a response (a new leader may report an older HW).
+- The leader's HW waits for every ISR member to fetch once in a new leadership.
+- ISR expansion needs a caught-up fetch that already holds every committed message and
+  everything before the leader's epoch (so the HW never passes an ISR member's log end).
+- A failed leader leaves the ISR when another is elected; when none can be, the ISR stays (the
+  old leader may come back and be elected). A returning leader is always given a new epoch.
+"""

@@ -35,6 +35,9 @@ next event:
 ``IDLE``
     After an empty valid response (caught up) the follower waits for a notification or
     ``max_idle_wait`` (:class:`WaitForData`); after a dropped response, ``retry_backoff``.
+    Replication requests go to a subject that a zombie leader may still answer, so the shell
+    should hand the follower every reply it gets for a request until its timeout: a valid reply
+    is taken even while IDLE.
 
 Leader timeout: when nothing valid came from the leader for more than ``leader_timeout``, the
 follower emits :class:`ReportLeader` (to the metadata leader), then again at most once per
@@ -218,23 +221,32 @@ class Follower:
         now: float,
     ) -> list[Action]:
         """A replication response: the leader's epoch and HW, and (offset, epoch) of each entry
-        it carries, in order. Only valid while FETCHING."""
-        if self.state is not FollowerState.FETCHING:
+        it carries, in order.
+
+        Judged on its content, not on its timing: a valid response is taken while FETCHING or
+        IDLE (a second reply to the same request, e.g. the real leader's after a zombie's), an
+        invalid one is dropped, and only while FETCHING does a drop lead to a new request.
+        """
+        if self.state is FollowerState.TRUNCATING:
             return []
+        fetching = self.state is FollowerState.FETCHING
         if leader_epoch != self.leader_epoch:
-            return self._back_off(now)
-        self._last_contact = now
+            return self._back_off(now) if fetching else []
         if not entries:
+            self._last_contact = now
             actions = self._update_hw(leader_hw)
             self.state = FollowerState.IDLE
             self._idle_until = now + self.config.max_idle_wait
             return actions + [WaitForData(self._idle_until)]
         first_offset = entries[0][0]
         if first_offset != self.log_end_offset:
-            return [self._fetch()]  # stale (a reply to an earlier request) or a gap
+            # stale (a reply to an earlier request) or a gap; the leader did answer, though
+            self._last_contact = now
+            return [self._fetch()] if fetching else []
         epoch_starts = self._epoch_starts(entries)
         if epoch_starts is None:
-            return self._back_off(now)
+            return self._back_off(now) if fetching else []
+        self._last_contact = now
         for epoch, start in epoch_starts:
             self.history.assign(epoch, start)
         self.log_end_offset += len(entries)

@@ -1,0 +1,70 @@
+"""bascule's admin API (``bascule.admin.Admin``): the Raft quorum and per-replica partition state.
+
+The Raft leader alone knows each voter's match index, so Status is answered from
+its view, fetched over NATS when another node is asked. Partition state is spread
+over the replicas: Partitions asks every broker for its local log ends at once and
+merges the answers with the metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bascule.node.node import Node
+from bascule.wire.pb import admin_pb2, admin_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+GATHER_TIMEOUT = 1.0
+
+
+class Admin(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Status(self, request, context):
+        quorum = await self.node.raft_quorum()
+        brokers = self.node.read(lambda s: list(s.brokers.values()))
+        by_raft = {b.raft: b.id for b in brokers}
+        response = admin_pb2.StatusResponse(
+            raftLeader=quorum["leader"], raftLeaderId=by_raft.get(quorum["leader"], ""),
+            term=quorum["term"], commitIndex=quorum["commit_index"], answeredBy=quorum["answered_by"],
+        )
+        for b in sorted(brokers, key=lambda b: b.id):
+            response.brokers.add(id=b.id, host=b.host, port=b.port, raftAddress=b.raft)
+        for voter in quorum["voters"]:
+            match = voter["match_index"]
+            response.voters.add(
+                address=voter["address"], brokerId=by_raft.get(voter["address"], ""), matchIndex=match,
+                lag=quorum["commit_index"] - match if match >= 0 else -1,
+                connected=voter["connected"], leader=voter["leader"],
+            )
+        return response
+
+    async def Partitions(self, request, context):
+        reports = await self.node.gather_replica_reports(GATHER_TIMEOUT)
+        partitions = self.node.read(
+            lambda s: [
+                (p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly)
+                for st in s.streams.values() if not request.stream or st.name == request.stream
+                for p in st.partitions.values()
+            ]
+        )
+        response = admin_pb2.PartitionsResponse()
+        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly in sorted(partitions):
+            key = f"{stream}/{pid}"
+            leader_end, leader_hw = reports.get(leader, {}).get(key, (-1, -1))
+            status = response.partitions.add(
+                stream=stream, partition=pid, leader=leader, replicas=replicas, isr=isr,
+                highWatermark=leader_hw, partitionEpoch=epoch, leaderEpoch=leader_epoch,
+                paused=paused, readonly=readonly,
+            )
+            for replica in replicas:
+                reachable = key in reports.get(replica, {})
+                end, hw = reports.get(replica, {}).get(key, (-1, -1))
+                status.replicaStatus.add(
+                    id=replica, logEndOffset=end, highWatermark=hw, inIsr=replica in isr, reachable=reachable,
+                    lag=max(leader_end - end, 0) if reachable and leader_end >= 0 else -1,
+                )
+        return response
+

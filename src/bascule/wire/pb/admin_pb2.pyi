@@ -1,0 +1,111 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BrokerInfo(_message.Message):
+    __slots__ = ("id", "host", "port", "raftAddress")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAFTADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host: str
+    port: int
+    raftAddress: str
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., raftAddress: _Optional[str] = ...) -> None: ...
+
+class Voter(_message.Message):
+    __slots__ = ("address", "brokerId", "matchIndex", "lag", "connected", "leader")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BROKERID_FIELD_NUMBER: _ClassVar[int]
+    MATCHINDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    brokerId: str
+    matchIndex: int
+    lag: int
+    connected: bool
+    leader: bool
+    def __init__(self, address: _Optional[str] = ..., brokerId: _Optional[str] = ..., matchIndex: _Optional[int] = ..., lag: _Optional[int] = ..., connected: _Optional[bool] = ..., leader: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("brokers", "raftLeader", "raftLeaderId", "term", "commitIndex", "voters", "answeredBy")
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    RAFTLEADER_FIELD_NUMBER: _ClassVar[int]
+    RAFTLEADERID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMITINDEX_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    ANSWEREDBY_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
+    raftLeader: str
+    raftLeaderId: str
+    term: int
+    commitIndex: int
+    voters: _containers.RepeatedCompositeFieldContainer[Voter]
+    answeredBy: str
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., raftLeader: _Optional[str] = ..., raftLeaderId: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[Voter, _Mapping]]] = ..., answeredBy: _Optional[str] = ...) -> None: ...
+
+class PartitionsRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("id", "logEndOffset", "highWatermark", "lag", "inIsr", "reachable")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGENDOFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGHWATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    INISR_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    logEndOffset: int
+    highWatermark: int
+    lag: int
+    inIsr: bool
+    reachable: bool
+    def __init__(self, id: _Optional[str] = ..., logEndOffset: _Optional[int] = ..., highWatermark: _Optional[int] = ..., lag: _Optional[int] = ..., inIsr: _Optional[bool] = ..., reachable: _Optional[bool] = ...) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("stream", "partition", "leader", "replicas", "isr", "highWatermark", "partitionEpoch", "leaderEpoch", "replicaStatus", "paused", "readonly")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    HIGHWATERMARK_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONEPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICASTATUS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    READONLY_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    leader: str
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    isr: _containers.RepeatedScalarFieldContainer[str]
+    highWatermark: int
+    partitionEpoch: int
+    leaderEpoch: int
+    replicaStatus: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    paused: bool
+    readonly: bool
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., partitionEpoch: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., replicaStatus: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ...) -> None: ...
+
+class PartitionsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
