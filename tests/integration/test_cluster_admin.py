@@ -1,0 +1,73 @@
+"""Cluster formation (seed + join over NATS, bootstrap peers, Raft password) and the admin CLI."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bascule.client import Client
+from bascule.testing.local import LocalCluster, LocalNatsServer, LocalNode
+
+pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
+
+
+def cli(*args: str) -> dict | list:
+    done = subprocess.run([sys.executable, "-m", "bascule.cli", *args, "--json"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+async def test_status_and_partitions_describe_the_cluster():
+    with LocalCluster(3, config={"clustering.raft.password": "s3cret"}) as cluster:
+        async with Client(cluster.brokers[0]) as client:
+            await client.create_stream("described", "described", replication_factor=3, partitions=2)
+            await client.publish_many("described", [b"x"] * 50, ack_policy="all")
+        status = cli("status", "-a", cluster.brokers[1])
+        assert {b["id"] for b in status["brokers"]} == set(cluster.server_ids)
+        assert status["raftLeaderId"] in cluster.server_ids and status["term"] >= 1
+        assert len(status["voters"]) == 3 and all(v["matchIndex"] >= 0 for v in status["voters"])
+        assert sum(v["leader"] for v in status["voters"]) == 1
+        partitions = cli("partitions", "described", "-a", cluster.brokers[2])
+        assert [p["partition"] for p in partitions] == [0, 1]
+        first = partitions[0]
+        assert first["highWatermark"] == 49 and sorted(first["isr"]) == sorted(cluster.server_ids)
+        assert [r["logEndOffset"] for r in first["replicaStatus"]] == [50, 50, 50]
+        assert all(r["lag"] == 0 and r["reachable"] for r in first["replicaStatus"])
+
+
+async def test_nodes_join_a_seed_over_nats_and_rejoin_after_restart(tmp_path):
+    nats_server = LocalNatsServer(tmp_path / "nats.log")
+    nats_server.start()
+    try:
+        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True)
+        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url) for i in range(2)]
+        nodes = [seed, *joiners]
+        try:
+            seed.start()
+            for node in joiners:
+                node.start()
+            for node in nodes:
+                node.wait_ready(brokers=["seed", "j0", "j1"])
+            async with Client(joiners[1].address) as client:
+                await client.create_stream("joined", "joined", replication_factor=3)
+                acks = await client.publish_many("joined", [b"a", b"b"], ack_policy="all")
+                assert [a.offset for a in acks] == [0, 1]
+            joiners[0].kill()
+            joiners[0].start()
+            status = cli("status", "-a", joiners[0].address)
+            assert len(status["voters"]) == 3
+            async with Client(joiners[0].address) as client:
+                for _ in range(100):
+                    isr = (await client.fetch_metadata("joined")).streams["joined"].partitions[0].isr
+                    if len(isr) == 3:
+                        break
+                    await asyncio.sleep(0.1)
+                assert len(isr) == 3
+        finally:
+            for node in nodes:
+                node.kill()
+    finally:
+        nats_server.kill()
