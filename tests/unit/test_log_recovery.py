@@ -119,14 +119,28 @@ def test_flipped_byte_in_an_older_entry_is_never_served(tmp_path, segment_number
     with CommitLog.open(tmp_path, CONFIG) as log:
         with pytest.raises(CorruptEntry, match="CRC"):
             log.read(offset)
-        with pytest.raises(CorruptEntry, match="CRC"):
+        with pytest.raises(CorruptEntry, match=f"CRC.*{segment.name}|{segment.name}.*CRC"):
             log.read_raw(offset, 10)
-        with pytest.raises(CorruptEntry):
-            log.read(offset - 1, max_entries=5)
-        with pytest.raises(CorruptEntry):
-            log.read_raw(offset - 1, 10_000)
-        assert log.read(offset - 1, max_entries=1) == [expected[offset - 1]]
+        # A read that reaches the damaged entry stops just before it: the next one raises.
+        assert log.read(offset - 1, max_entries=5) == [expected[offset - 1]]
+        assert scan_offsets(log.read_raw(offset - 1, 10_000)) == [offset - 1]
         assert log.read(offset + 1, max_entries=3) == expected[offset + 1 : offset + 4]
+
+
+def test_damaged_first_entry_of_a_segment_ends_a_read_from_the_previous_one(tmp_path):
+    expected = build_log(tmp_path)
+    second = segment_paths(tmp_path)[1]
+    flip_byte(second, HEADER_SIZE + 1)
+    first_of_second = int(second.stem)
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.read(0, max_entries=1000) == expected[:first_of_second]
+        assert scan_offsets(log.read_raw(0, 100_000)) == list(range(first_of_second))
+        with pytest.raises(CorruptEntry):
+            log.read(first_of_second)
+
+
+def scan_offsets(raw: bytes) -> list[int]:
+    return [offset for offset, *_ in scan(raw)]
 
 
 def test_damaged_header_of_an_older_entry_is_never_served(tmp_path):

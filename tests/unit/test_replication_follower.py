@@ -214,9 +214,24 @@ def test_response_of_another_leader_epoch_is_dropped():
     actions = f.on_replicate(2, 9, [(5, 1)], 1.0)
     assert actions == [WaitForData(1.5)]
     assert f.log_end_offset == 5 and f.hw == -1 and f.state is FollowerState.IDLE
-    assert f.on_replicate(4, 9, [], 1.0) == []  # not fetching any more
+    assert f.on_replicate(4, 9, [], 1.1) == []  # backing off: dropped silently
     f.on_notify(1.2)
-    assert f.on_replicate(4, 9, [], 1.0) == [WaitForData(1.5)]  # a newer epoch: also dropped
+    assert f.on_replicate(4, 9, [], 1.3) == [WaitForData(1.8)]  # a newer epoch: also dropped
+
+
+def test_the_real_leaders_reply_after_a_zombies_is_taken():
+    f = fetching(leo=5)
+    assert f.on_replicate(2, 0, [], 1.0) == [WaitForData(1.5)]  # the zombie answered first
+    assert f.on_replicate(3, 5, [(5, 1)], 1.1) == [Append(5, 1, ()), SetHighWatermark(5), SendFetch(6, 3)]
+    assert f.state is FollowerState.FETCHING
+
+
+def test_invalid_replies_while_idle_are_ignored():
+    f = fetching(leo=5)
+    f.on_replicate(3, 4, [], 1.0)
+    assert f.on_replicate(3, 4, [(3, 1)], 2.0) == []  # stale
+    assert f.on_replicate(3, 4, [(5, 1), (7, 1)], 2.0) == []  # malformed
+    assert f.state is FollowerState.IDLE and f.log_end_offset == 5
 
 
 def test_stale_or_gapped_data_is_dropped_and_refetched():

@@ -102,8 +102,8 @@ def test_expand_a_caught_up_follower_outside_the_isr():
     t.record_fetch("G", 6, 7, 1.0)
     assert t.expand_proposals(1.0) == []
     t.record_fetch("G", 10, 7, 2.0)
-    assert t.expand_proposals(2.0) == ["G"]
     assert t.expand_proposals(17.5) == []  # its last fetch is too old
+    assert t.expand_proposals(2.0) == ["G"]
     t.set_isr({"L", "F", "G"}, 2.0)
     assert t.expand_proposals(2.0) == []
 
@@ -128,6 +128,44 @@ def test_expand_needs_everything_before_the_leader_epoch():
     assert t.expand_proposals(2.0) == []
     t.record_fetch("G", 10, 7, 3.0)
     assert t.expand_proposals(3.0) == ["G"]
+
+
+def test_pending_expansion_holds_the_hw_back():
+    """G is proposed at its log end 10; the leader and F move on before the metadata answers."""
+    t = tracker(isr=("L", "F"), leo=10, hw=4)
+    t.record_fetch("F", 10, 7, 1.0)
+    t.record_fetch("G", 10, 7, 1.0)
+    assert t.expand_proposals(1.0) == ["G"]
+    assert t.expand_proposals(1.0) == []  # proposed once
+    t.leader_appended(14)
+    t.record_fetch("F", 14, 7, 2.0)
+    assert t.hw == 9  # not 13: G, about to join, holds up to 9
+    t.set_isr({"L", "F", "G"}, 3.0)
+    assert t.pending_expansions == frozenset() and t.hw == 9
+    t.record_fetch("G", 14, 7, 3.0)
+    assert t.hw == 13
+
+
+def test_refused_expansion_releases_the_hw():
+    t = tracker(isr=("L", "F"), leo=10, hw=4)
+    t.record_fetch("F", 10, 7, 1.0)
+    t.record_fetch("G", 10, 7, 1.0)
+    t.expand_proposals(1.0)
+    t.leader_appended(14)
+    t.record_fetch("F", 14, 7, 2.0)
+    assert t.hw == 9
+    t.expand_refused("G")
+    assert t.hw == 13
+    assert t.expand_proposals(2.0) == []  # G is behind now
+    t.record_fetch("G", 14, 7, 3.0)
+    assert t.expand_proposals(3.0) == ["G"]
+
+
+def test_pending_members_do_not_count_towards_min_isr():
+    t = tracker(isr=("L",), leo=10, hw=4, min_isr=2)
+    t.record_fetch("G", 10, 7, 1.0)
+    assert t.expand_proposals(1.0) == ["G"]
+    assert t.hw == 4
 
 
 def test_members_added_by_the_metadata_get_a_grace_period():
@@ -181,6 +219,7 @@ event = st.one_of(
     st.tuples(st.just("time"), st.sampled_from([1.0, 8.0, 20.0])),
     st.tuples(st.just("shrink")),
     st.tuples(st.just("expand")),
+    st.tuples(st.just("settle"), st.booleans()),
 )
 
 
@@ -188,11 +227,13 @@ event = st.one_of(
 @given(min_isr=st.integers(1, 3), isr=st.sets(st.sampled_from("FG")), events=st.lists(event, max_size=60))
 def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events):
     """Followers fetch forward (their log ends never go back, nor beyond the leader's); ISR
-    changes are the tracker's own proposals, committed at once."""
+    changes are the tracker's own proposals: shrinks committed at once, expansions committed
+    or refused later, while the HW keeps moving."""
     now = 0.0
     t = IsrTracker("L", 1, "LFG", {"L", *isr}, leader_log_end=0, hw=-1, min_isr=min_isr, max_lag_time=15.0, now=now)
     log_end = {"L": 0, "F": 0, "G": 0}
     last_hw = t.hw
+    pending: list[str] = []
     for e in events:
         isr_before = t.isr
         if e[0] == "append":
@@ -207,14 +248,19 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
         elif e[0] == "shrink":
             for rid in t.shrink_proposals(now):
                 t.set_isr(t.isr - {rid}, now)
-        else:
-            for rid in t.expand_proposals(now):
-                assert log_end[rid] > t.hw
+        elif e[0] == "expand":
+            pending.extend(t.expand_proposals(now))
+        elif pending:  # the metadata commits (or refuses) the oldest pending expansion
+            rid = pending.pop(0)
+            if e[1]:
+                assert log_end[rid] > t.hw  # it holds every committed message
                 t.set_isr(t.isr | {rid}, now)
+            else:
+                t.expand_refused(rid)
         assert t.hw >= last_hw
         if t.hw > last_hw:
             assert len(isr_before) >= min_isr or len(t.isr) >= min_isr
-        for rid in t.isr:
+        for rid in t.isr | t.pending_expansions:
             if rid == "L" or t.progress(rid).log_end_offset is not None:
                 assert t.hw <= log_end[rid] - 1
         last_hw = t.hw

@@ -194,6 +194,8 @@ class Cluster:
         )
         if not decision.accepted:
             self.rejected.append((r.rid, kind.value, rid, decision.reason))
+            if kind is IsrChangeKind.EXPAND:
+                r.tracker.expand_refused(rid)
             return False
         self.isr = decision.isr
         r.tracker.set_isr(self.isr, self.now)
@@ -787,10 +789,15 @@ def test_zombie_leader_is_fenced_and_truncated():
     c._isr_maintenance(zombie)  # its shrink proposals carry epoch 1: refused
     assert {(kind, reason) for _, kind, _, reason in c.rejected} == {("shrink", "stale leader")}
     assert c.isr == {"B", "C"} and c.acked[z] != zombie.log[z]
-    # a response of the zombie's to a follower of epoch 2 is dropped
-    follower = c.replicas["C"].follower
-    assert follower.on_notify(c.now) or True
-    assert not any(isinstance(a, Append) for a in follower.on_replicate(1, 0, [(2, 1)], c.now))
+    # the zombie answers a request of C's (same subject): dropped, and the real leader's reply
+    # to the same request is still taken
+    c_replica, b_replica = c.replicas["C"], c.replicas["B"]
+    follower = c_replica.follower
+    fetch = follower.on_notify(c.now)
+    assert fetch == [SendFetch(c_replica.leo, 2)]
+    assert zombie.tracker.record_fetch("C", c_replica.leo, 2, c.now) is False  # wrong epoch
+    assert follower.on_replicate(zombie.tracker.leader_epoch, zombie.hw, [], c.now) == [WaitForData(c.now + 0.5)]
+    assert follower.on_replicate(2, b_replica.hw, [], c.now)[-1] == WaitForData(c.now + 10.0)
     # a late report about epoch 1 is stale
     verdict = c._report("C", ReportLeader("A", 1))
     assert verdict is ReportVerdict.STALE and c.leader == "B"

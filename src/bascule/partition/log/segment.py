@@ -69,9 +69,8 @@ class Segment:
         self._open_log_fd: int | None = None
         self._open_index_fd: int | None = None
         self.size = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._index: SparseIndex | None = (
-            None  # loaded on first use; old segments may never need it
-        )
+        # Loaded on first use too: old segments may never need it.
+        self._index: SparseIndex | None = None
         self._first_timestamp: int | None = None
         self._last_timestamp: int | None = None
 
