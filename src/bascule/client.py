@@ -7,7 +7,8 @@ client keeps one channel per broker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -137,6 +138,16 @@ class Client:
             self._leaders[stream, partition] = metadata.brokers.get(leader, self.address)
         return self._stub(self._leaders[stream, partition])
 
+    async def _isr_replica_stub(self, stream: str, partition: int) -> api_pb2_grpc.APIStub:
+        """A random member of the partition's ISR (leader included), as Liftbridge's clients pick for readISRReplica."""
+        metadata = await self.fetch_metadata(stream)
+        info = metadata.streams[stream]
+        if not info.exists or partition not in info.partitions:
+            raise BasculeError(grpc.StatusCode.NOT_FOUND, f"no such stream or partition: {stream}/{partition}")
+        meta = info.partitions[partition]
+        candidates = [broker for broker in meta.isr if broker in metadata.brokers] or [meta.leader]
+        return self._stub(metadata.brokers.get(random.choice(candidates), self.address))
+
     @_rpc_errors
     async def create_stream(
         self,
@@ -220,14 +231,23 @@ class Client:
         stream: str,
         values: Iterable[bytes],
         *,
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Mapping[str, bytes] | None] | None = None,
         partition: int = 0,
         ack_policy: str = "leader",
     ) -> list[Ack]:
-        """Publish a batch through one PublishAsync stream; returns acks in publish order."""
+        """Publish a batch through one PublishAsync stream; returns acks in publish order.
+
+        ``keys`` and ``headers``, when given, run parallel to ``values`` (None items allowed)."""
         stub = await self._leader_stub(stream, partition)
+        values = list(values)
+        keys = [None] * len(values) if keys is None else keys
+        headers = [None] * len(values) if headers is None else headers
+        if not len(keys) == len(headers) == len(values):
+            raise ValueError("keys and headers must have one item per value")
         requests = [
-            _publish_request(stream, value, None, None, partition, ack_policy, str(index))
-            for index, value in enumerate(values)
+            _publish_request(stream, value, key, header, partition, ack_policy, str(index))
+            for index, (value, key, header) in enumerate(zip(values, keys, headers))
         ]
         acks: dict[int, Ack] = {}
         if ACK_POLICIES[ack_policy] == api_pb2.AckPolicy.NONE:
@@ -269,7 +289,10 @@ class Client:
         elif stop_latest:
             request.stopPosition = api_pb2.StopPosition.STOP_LATEST
         try:
-            stub = await self._leader_stub(stream, partition)
+            if read_isr_replica:
+                stub = await self._isr_replica_stub(stream, partition)
+            else:
+                stub = await self._leader_stub(stream, partition)
             call = stub.Subscribe(request)
             first = True
             async for message in call:

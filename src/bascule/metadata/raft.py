@@ -80,12 +80,15 @@ def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncOb
         dynamicMembershipChange=True,
         useFork=False,
         appendEntriesUseBatch=False,
-        appendEntriesPeriod=0.05,
-        raftMinTimeout=0.2,
-        raftMaxTimeout=0.5,
-        connectionTimeout=0.5,
+        # Heartbeats and ticks are the whole idle cost of a node. Commands do not wait for a
+        # tick (with batching off, a pipe wakes the poller), so ticks can be rare; these keep
+        # a Raft re-election around a second.
+        appendEntriesPeriod=0.15,
+        raftMinTimeout=0.5,
+        raftMaxTimeout=1.0,
+        connectionTimeout=1.0,
         connectionRetryTime=0.5,
-        autoTickPeriod=0.02,
+        autoTickPeriod=0.1,
         leaderFallbackTimeout=3.0,
     )
 

@@ -34,7 +34,10 @@ Modules and their API
     - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now) -> bool``: False = answer
       with no data (unknown replica, other epoch, beyond this leader's log).
     - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
-    - ``.shrink_proposals(now) -> list[str]`` / ``.expand_proposals(now) -> list[str]``.
+    - ``.shrink_proposals(now) -> list[str]``: repeated until committed (shell rate-limits).
+    - ``.expand_proposals(now) -> list[str]``: each replica once; it is then *pending* and
+      counts for the HW (Kafka's maximal ISR) until ``.set_isr`` includes it or
+      ``.expand_refused(replica_id)``; ``.pending_expansions``.
     - ``.set_isr(isr, now)``: the ISR the metadata committed.
     - ``PendingAcks``: ``add(offset, token)``, ``release(hw) -> [(offset, token)]``,
       ``fail_all() -> [(offset, token)]`` (on losing leadership), ``len()``.
@@ -80,7 +83,10 @@ Protocol decisions taken here (see each module for the reasoning)
 - A follower's HW never moves backwards on a response (a new leader may report an older HW).
 - The leader's HW waits for every ISR member to fetch once in a new leadership.
 - ISR expansion needs a caught-up fetch that already holds every committed message and
-  everything before the leader's epoch (so the HW never passes an ISR member's log end).
+  everything before the leader's epoch; while the request is in flight the replica counts for
+  the HW, so the HW never passes the log end of a member the metadata is about to add.
+- Replies are judged on content: a valid replication reply is taken even while IDLE (a zombie
+  may answer the shared subject first); invalid ones are dropped and are no leader contact.
 - A failed leader leaves the ISR when another is elected; when none can be, the ISR stays (the
   old leader may come back and be elected). A returning leader is always given a new epoch.
 """

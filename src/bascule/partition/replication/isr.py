@@ -68,18 +68,26 @@ class IsrTracker:
             rid: FollowerProgress(rid) for rid in self.replicas if rid != leader_id
         }
         self.isr: frozenset[str] = frozenset()
+        self._expanding: set[str] = set()  # expansions proposed, not yet settled
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
 
     def set_isr(self, isr: Iterable[str], now: float) -> None:
-        """Adopt the ISR the metadata committed (the leader is always part of it)."""
+        """Adopt the ISR the metadata committed (the leader is always part of it); settles the
+        pending expansions of the members it contains."""
         new_isr = frozenset(isr) | {self.leader_id}
         for rid in new_isr - self.isr:
             progress = self._followers.get(rid)
             if progress is not None and progress.last_caught_up_time is None:
                 progress.last_caught_up_time = now  # a grace period for a member we never saw
         self.isr = new_isr
+        self._expanding -= new_isr
+        self._recompute_hw()
+
+    def expand_refused(self, replica_id: str) -> None:
+        """The metadata refused (or never answered) the expansion of ``replica_id``."""
+        self._expanding.discard(replica_id)
         self._recompute_hw()
 
     def leader_appended(self, log_end_offset: int) -> list[str]:
@@ -160,11 +168,18 @@ class IsrTracker:
         return sorted(lagging)
 
     def expand_proposals(self, now: float) -> list[str]:
-        """Replicas outside the ISR whose last fetch (no older than ``max_lag_time``) was caught
-        up and already holds every committed message and everything before this leader's epoch
-        (so adding them cannot put the HW beyond an ISR member's log end)."""
+        """Replicas to add to the ISR: outside it, their last fetch (no older than
+        ``max_lag_time``) was caught up and already holds every committed message and everything
+        before this leader's epoch.
+
+        Each replica is returned once and is from then on *pending*: it counts for the HW as if
+        it were in the ISR (Kafka's "maximal ISR") until :meth:`set_isr` includes it or
+        :meth:`expand_refused` drops it. Otherwise the HW could pass its log end while the
+        request is in flight, and the metadata would then add a member lacking committed
+        messages. Pending members do not count towards ``min_isr``.
+        """
         ready = []
-        for rid in self.replicas - self.isr:
+        for rid in self.replicas - self.isr - self._expanding:
             p = self._followers[rid]
             if (
                 p.caught_up_at_last_fetch
@@ -175,16 +190,23 @@ class IsrTracker:
                 and p.log_end_offset >= self.epoch_start
             ):
                 ready.append(rid)
+        self._expanding.update(ready)
         return sorted(ready)
+
+    @property
+    def pending_expansions(self) -> frozenset[str]:
+        return frozenset(self._expanding)
 
     # -- internals --------------------------------------------------------------------------
 
     def _recompute_hw(self) -> None:
+        if not self.can_commit:
+            return
         log_ends: list[int | None] = [self.leader_log_end]
-        for rid in self.isr - {self.leader_id}:
+        for rid in (self.isr | self._expanding) - {self.leader_id}:
             progress = self._followers.get(rid)
             log_ends.append(None if progress is None else progress.log_end_offset)
-        self.hw = leader_high_watermark(self.hw, log_ends, self.min_isr)
+        self.hw = leader_high_watermark(self.hw, log_ends, 1)
 
 
 class PendingAcks:

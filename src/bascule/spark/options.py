@@ -1,0 +1,368 @@
+"""The options of the bascule Spark data source: parsed and checked once, on the driver.
+
+Everything here is pure (no Spark, no network), picklable, and raises `BasculeSparkError` with a
+message naming the option for anything it cannot use.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+EARLIEST = -2  # in offset JSON, as in Spark's Kafka source
+LATEST = -1
+
+ACK_POLICIES = ("all", "leader", "none")
+PARTITIONERS = ("key", "roundrobin")
+TIMESTAMP_STRATEGIES = ("error", "latest")
+
+READ_OPTIONS = {
+    "brokers", "stream", "streampattern", "assign",
+    "startingoffsets", "endingoffsets",
+    "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
+    "endingtimestamp", "endingoffsetsbytimestamp",
+    "maxmessagespertrigger", "maxoffsetspertrigger", "minpartitions", "maxrecordsperpartition",
+    "failondataloss", "readisrreplica", "polltimeoutms", "requesttimeoutms", "maxbatchrows",
+}
+WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "requesttimeoutms"}
+# Options Spark itself passes along with the user's; never reported as unknown.
+SPARK_OPTIONS = {"path", "paths", "checkpointlocation", "queryname"}
+CANONICAL = {
+    name.lower(): name
+    for name in (
+        "brokers stream streamPattern assign startingOffsets endingOffsets startingTimestamp "
+        "startingOffsetsByTimestamp startingOffsetsByTimestampStrategy endingTimestamp endingOffsetsByTimestamp "
+        "maxMessagesPerTrigger maxOffsetsPerTrigger minPartitions maxRecordsPerPartition failOnDataLoss "
+        "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows ackPolicy partitioner writeBatchSize"
+    ).split()
+}
+
+
+class BasculeSparkError(Exception):
+    """A bascule Spark source or sink cannot do what it was asked; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"bascule: {message}")
+
+
+# ---- offsets specifications ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where reading starts or ends: `kind` is "earliest", "latest", "offsets" (JSON, -2/-1 allowed
+    per partition), "timestamp" (one time for every partition) or "timestamps" (per partition, ms)."""
+
+    kind: str
+    offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+
+    @property
+    def streams(self) -> set[str]:
+        return set(self.offsets)
+
+
+def parse_offset_spec(option: str, text: str, *, allow_earliest: bool = True, allow_latest: bool = True) -> OffsetSpec:
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        if (word == "earliest" and not allow_earliest) or (word == "latest" and not allow_latest):
+            raise BasculeSparkError(f"{option} cannot be '{word}' here")
+        return OffsetSpec(word)
+    offsets = _per_partition_json(option, text, "offset")
+    for stream, partitions in offsets.items():
+        for partition, offset in partitions.items():
+            if offset < EARLIEST:
+                raise BasculeSparkError(
+                    f"{option}: offset {offset} for {stream}/{partition} is invalid "
+                    "(use an offset >= 0, -2 for earliest or -1 for latest)"
+                )
+            if offset == EARLIEST and not allow_earliest:
+                raise BasculeSparkError(f"{option}: -2 (earliest) is not allowed here ({stream}/{partition})")
+            if offset == LATEST and not allow_latest:
+                raise BasculeSparkError(f"{option}: -1 (latest) is not allowed here ({stream}/{partition})")
+    return OffsetSpec("offsets", offsets)
+
+
+def parse_timestamps_spec(option: str, text: str) -> OffsetSpec:
+    offsets = _per_partition_json(option, text, "timestamp")
+    for stream, partitions in offsets.items():
+        for partition, ms in partitions.items():
+            if ms < 0:
+                raise BasculeSparkError(f"{option}: timestamp {ms} for {stream}/{partition} is negative")
+    return OffsetSpec("timestamps", offsets)
+
+
+def _per_partition_json(option: str, text: str, what: str) -> dict[str, dict[int, int]]:
+    example = '{"orders": {"0": 12, "1": -2}}' if what == "offset" else '{"orders": {"0": 1700000000000}}'
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise BasculeSparkError(
+            f"{option} must be 'earliest', 'latest' or JSON such as {example}; cannot parse {text!r}: {exc}"
+            if what == "offset"
+            else f"{option} must be JSON such as {example}; cannot parse {text!r}: {exc}"
+        ) from None
+    if not isinstance(value, dict) or not value:
+        raise BasculeSparkError(f"{option} must be a JSON object of streams, such as {example}; got {text!r}")
+    result: dict[str, dict[int, int]] = {}
+    for stream, partitions in value.items():
+        if not isinstance(partitions, dict):
+            raise BasculeSparkError(
+                f"{option}: the value for stream {stream!r} must be an object of partition -> {what}, "
+                f"such as {example}"
+            )
+        result[stream] = {}
+        for partition, number in partitions.items():
+            try:
+                partition_id = int(partition)
+            except (TypeError, ValueError):
+                raise BasculeSparkError(f"{option}: partition {partition!r} of stream {stream!r} is not a number") from None
+            if partition_id < 0:
+                raise BasculeSparkError(f"{option}: partition {partition_id} of stream {stream!r} is negative")
+            if isinstance(number, bool) or not isinstance(number, int):
+                raise BasculeSparkError(f"{option}: the {what} for {stream}/{partition} must be an integer, got {number!r}")
+            result[stream][partition_id] = number
+    return result
+
+
+# ---- stream selection ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which partitions to read: named streams, a regex over stream names, or explicit partitions."""
+
+    streams: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: Mapping[str, tuple[int, ...]] | None = None
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return f"streamPattern {self.pattern!r}"
+        if self.assign is not None:
+            return f"assign {dict(self.assign)}"
+        return f"stream {','.join(self.streams)}"
+
+    def matches(self, name: str) -> bool:
+        if self.pattern is not None:
+            # Internal streams (__cursors) only when named, as Kafka excludes internal topics.
+            return not name.startswith("__") and re.fullmatch(self.pattern, name) is not None
+        if self.assign is not None:
+            return name in self.assign
+        return name in self.streams
+
+
+def _selection(options: Mapping[str, str]) -> Selection:
+    given = [name for name in ("stream", "streampattern", "assign") if options.get(name, "").strip()]
+    if len(given) != 1:
+        named = ", ".join(CANONICAL[name] for name in given) or "none"
+        raise BasculeSparkError(
+            f"give exactly one of the options 'stream' (a name or comma list), 'streamPattern' (a regex) "
+            f"or 'assign' (JSON {{\"stream\": [0, 1]}}); got {named}"
+        )
+    if given[0] == "stream":
+        streams = tuple(dict.fromkeys(s.strip() for s in options["stream"].split(",") if s.strip()))
+        return Selection(streams=streams)
+    if given[0] == "streampattern":
+        pattern = options["streampattern"].strip()
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise BasculeSparkError(f"streamPattern {pattern!r} is not a valid regular expression: {exc}") from None
+        return Selection(pattern=pattern)
+    text = options["assign"]
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict) or not value:
+            raise ValueError("not a non-empty object")
+        assign = {}
+        for stream, partitions in value.items():
+            if not isinstance(partitions, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in partitions
+            ):
+                raise ValueError(f"the partitions of {stream!r} must be a list of partition numbers")
+            assign[stream] = tuple(sorted(set(partitions)))
+    except ValueError as exc:
+        raise BasculeSparkError(f'assign must be JSON such as {{"orders": [0, 1]}}; cannot use {text!r}: {exc}') from None
+    return Selection(assign=assign)
+
+
+# ---- parsing helpers -----------------------------------------------------------------------------
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): "" if v is None else str(v) for k, v in dict(options).items()}
+
+
+def _check_names(options: Mapping[str, str], known: set[str]) -> None:
+    for name in options:
+        if name in known or name in SPARK_OPTIONS:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        if close:
+            raise BasculeSparkError(f"unknown option {name!r}; did you mean {CANONICAL.get(close[0], close[0])!r}?")
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    text = options.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise BasculeSparkError(f"{CANONICAL[name]} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise BasculeSparkError(f"{CANONICAL[name]} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = options.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("true", "false"):
+        return text == "true"
+    raise BasculeSparkError(f"{CANONICAL[name]} must be 'true' or 'false', got {options[name]!r}")
+
+
+def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    text = options.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in choices:
+        raise BasculeSparkError(f"{CANONICAL[name]} must be one of {', '.join(choices)}; got {options[name]!r}")
+    return text
+
+
+def _brokers(options: Mapping[str, str]) -> tuple[str, ...]:
+    brokers = tuple(b.strip() for b in options.get("brokers", "").split(",") if b.strip())
+    if not brokers:
+        raise BasculeSparkError("the option 'brokers' is required: a comma list of host:port gRPC addresses")
+    for broker in brokers:
+        host, _, port = broker.rpartition(":")
+        if not host or not port.isdigit():
+            raise BasculeSparkError(f"brokers: {broker!r} is not host:port")
+    return brokers
+
+
+# ---- read options --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    brokers: tuple[str, ...]
+    selection: Selection
+    starting: OffsetSpec
+    ending: OffsetSpec
+    timestamp_strategy: str = "error"
+    max_messages_per_trigger: int | None = None
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    fail_on_data_loss: bool = True
+    read_isr_replica: bool = False
+    poll_timeout_ms: int = 120_000
+    request_timeout_ms: int = 30_000
+    max_batch_rows: int = 10_000
+
+    @property
+    def request_timeout(self) -> float:
+        return self.request_timeout_ms / 1000
+
+
+def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    options = _lower(raw)
+    _check_names(options, READ_OPTIONS)
+    brokers = _brokers(options)
+    selection = _selection(options)
+
+    if "startingtimestamp" in options and options["startingtimestamp"].strip():
+        text = options["startingtimestamp"].strip()
+        if not text.isdigit():
+            raise BasculeSparkError(f"startingTimestamp must be milliseconds since the epoch, got {text!r}")
+        starting = OffsetSpec("timestamp", timestamp_ms=int(text))
+    elif options.get("startingoffsetsbytimestamp", "").strip():
+        starting = parse_timestamps_spec("startingOffsetsByTimestamp", options["startingoffsetsbytimestamp"])
+    elif options.get("startingoffsets", "").strip():
+        # As in Spark's Kafka source: a batch query cannot start at latest.
+        starting = parse_offset_spec("startingOffsets", options["startingoffsets"], allow_latest=streaming)
+    else:
+        starting = OffsetSpec("latest" if streaming else "earliest")
+
+    ending_given = [n for n in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if options.get(n, "").strip()]
+    if streaming and ending_given:
+        raise BasculeSparkError(f"{CANONICAL[ending_given[0]]} is for batch queries only; a streaming query has no end")
+    if options.get("endingtimestamp", "").strip():
+        text = options["endingtimestamp"].strip()
+        if not text.isdigit():
+            raise BasculeSparkError(f"endingTimestamp must be milliseconds since the epoch, got {text!r}")
+        ending = OffsetSpec("timestamp", timestamp_ms=int(text))
+    elif options.get("endingoffsetsbytimestamp", "").strip():
+        ending = parse_timestamps_spec("endingOffsetsByTimestamp", options["endingoffsetsbytimestamp"])
+    elif options.get("endingoffsets", "").strip():
+        ending = parse_offset_spec("endingOffsets", options["endingoffsets"], allow_earliest=False)
+    else:
+        ending = OffsetSpec("latest")
+
+    for spec, name in ((starting, "starting offsets"), (ending, "ending offsets")):
+        for stream in spec.streams:
+            if selection.assign is not None and stream in selection.assign:
+                missing = set(spec.offsets[stream]) - set(selection.assign[stream])
+                if missing:
+                    raise BasculeSparkError(f"{name} name partitions {sorted(missing)} of {stream!r}, which assign does not")
+            elif not selection.matches(stream):
+                raise BasculeSparkError(f"{name} name stream {stream!r}, which {selection.describe()} does not select")
+
+    max_per_trigger = _int(options, "maxmessagespertrigger", None, 1)
+    if max_per_trigger is None:
+        max_per_trigger = _int(options, "maxoffsetspertrigger", None, 1)
+    return ReadOptions(
+        brokers=brokers,
+        selection=selection,
+        starting=starting,
+        ending=ending,
+        timestamp_strategy=_choice(options, "startingoffsetsbytimestampstrategy", TIMESTAMP_STRATEGIES, "error"),
+        max_messages_per_trigger=max_per_trigger,
+        min_partitions=_int(options, "minpartitions", None, 1),
+        max_records_per_partition=_int(options, "maxrecordsperpartition", None, 1),
+        fail_on_data_loss=_bool(options, "failondataloss", True),
+        read_isr_replica=_bool(options, "readisrreplica", False),
+        poll_timeout_ms=_int(options, "polltimeoutms", 120_000, 1),
+        request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
+        max_batch_rows=_int(options, "maxbatchrows", 10_000, 1),
+    )
+
+
+# ---- write options -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    brokers: tuple[str, ...]
+    stream: str | None
+    ack_policy: str = "all"
+    partitioner: str = "key"
+    write_batch_size: int = 1000
+    request_timeout_ms: int = 30_000
+
+    @property
+    def request_timeout(self) -> float:
+        return self.request_timeout_ms / 1000
+
+
+def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
+    options = _lower(raw)
+    _check_names(options, WRITE_OPTIONS)
+    stream = options.get("stream", "").strip() or None
+    if stream is not None and "," in stream:
+        raise BasculeSparkError(f"the sink writes to one stream per row; 'stream' names several: {stream!r}")
+    return WriteOptions(
+        brokers=_brokers(options),
+        stream=stream,
+        ack_policy=_choice(options, "ackpolicy", ACK_POLICIES, "all"),
+        partitioner=_choice(options, "partitioner", PARTITIONERS, "key"),
+        write_batch_size=_int(options, "writebatchsize", 1000, 1),
+        request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
+    )
