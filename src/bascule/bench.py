@@ -1562,8 +1562,9 @@ class Scenario:
     title: str
     systems: tuple[str, ...]
     run: Callable[[Context, str], Awaitable[list[dict[str, Any]]]]
-    # (metric, higher is better?) rows shown in the table; the ratio is bascule / JetStream.
-    rows: tuple[str, ...] = ("rate",)
+    # Rows of the table: a metric name, or (label, bascule's metric, JetStream's metric) when the two
+    # differ; the ratio is bascule / JetStream.
+    rows: tuple[str | tuple[str, str, str], ...] = ("rate",)
     profile: bool = False
 
 
@@ -1578,9 +1579,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (BASCULE, JETSTREAM), run_capture_r3, ("rate", "server_cpu_us_per_msg", "publish_rate"), True),
     Scenario("acked_r3", "acked R3: pipelined publishes, ack ALL, window 1000",
              (BASCULE, JETSTREAM), run_acked_r3,
-             ("grpc_rate", "grpc_p50_ms", "grpc_p99_ms", "grpc_cpu_us_per_msg",
-              "nats_rate", "nats_p50_ms", "nats_p99_ms", "nats_cpu_us_per_msg",
-              "rate", "p50_ms", "p99_ms", "server_cpu_us_per_msg"), True),
+             (("grpc_rate", "grpc_rate", "rate"), ("grpc_p50_ms", "grpc_p50_ms", "p50_ms"),
+              ("grpc_p99_ms", "grpc_p99_ms", "p99_ms"), ("grpc_cpu_us_per_msg", "grpc_cpu_us_per_msg",
+                                                         "server_cpu_us_per_msg"),
+              ("nats_rate", "nats_rate", "rate"), ("nats_p50_ms", "nats_p50_ms", "p50_ms"),
+              ("nats_p99_ms", "nats_p99_ms", "p99_ms"), ("nats_cpu_us_per_msg", "nats_cpu_us_per_msg",
+                                                         "server_cpu_us_per_msg")), True),
     Scenario("consume_r3", "consume: read a prefilled R3 stream from the start",
              (BASCULE, JETSTREAM), run_consume_r3, ("rate", "first_ms", "server_cpu_us_per_msg"), True),
     Scenario("durable_r1", "durable R1: fsync before ack (sync=always / sync_interval: always)",
@@ -1682,16 +1686,19 @@ def summarize(report: dict[str, Any]) -> None:
                                               if k.endswith(("_rate", "_cpu_us_per_msg"))},
                                              key=lambda k: (int(re.sub(r"\D.*", "", k[1:]) or 0), k))
         summary = []
-        for metric in rows:
+        for row in rows:
+            label, b_metric, j_metric = row if isinstance(row, tuple) else (row, row, row)
             medians = {}
             for system, trials in entry["trials"].items():
                 counted = [t for t in trials if not t.get("profiled")]
+                metric = j_metric if system == JETSTREAM else b_metric
                 medians[system] = _median(t.get(metric) for t in counted)
             if all(v is None for v in medians.values()):
                 continue
             b, j = medians.get(BASCULE), medians.get(JETSTREAM)
-            unit, higher = _metric_info(metric)
-            summary.append({"metric": metric, "unit": unit, "higher_is_better": higher, "medians": medians,
+            unit, higher = _metric_info(b_metric)
+            summary.append({"metric": label, "bascule_metric": b_metric, "jetstream_metric": j_metric,
+                            "unit": unit, "higher_is_better": higher, "medians": medians,
                             "ratio": (b / j) if b is not None and j else None})
         entry["summary"] = summary
 

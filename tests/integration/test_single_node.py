@@ -229,3 +229,25 @@ async def test_flipped_byte_in_segment_is_never_served(tmp_path):
             after = [m.value async for m in client.subscribe("rot", offset=41, stop_latest=True)]
             assert after == [b"payload-%03d" % i for i in range(41, 100)]
             assert (await client.publish("rot", b"more")).offset == 100
+
+
+async def test_garbage_on_internal_subjects_is_dropped_and_node_keeps_serving(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("g", "g")
+            nc = await nats.connect(node._embedded.url)
+            ns = node.config.clustering.namespace
+            junk = [b"", b"\x00" * 3, b"\xb9\x0e\x43\xb4\x00\x08\x00\x02garbage", b"\xb9\x0e\x43\xb4\x00\x08\x00\x99",
+                    envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, b"\xc1\xc1")]
+            subjects = [f"{ns}.g.0.replicate", f"{ns}.g.0.offset", f"{ns}.notify.{node.server_id}",
+                        f"{ns}.raft.metadata.propagate", f"{ns}.raft.metadata.join", f"{ns}.admin.status"]
+            for subject in subjects:
+                for payload in junk:
+                    try:
+                        await nc.request(subject, payload, timeout=0.2)
+                    except Exception:
+                        pass  # silence is the expected answer to garbage
+            await nc.close()
+            assert (await client.publish("g", b"still here", ack_policy="all")).offset == 0
+            assert (await client.fetch_metadata("g")).streams["g"].exists

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT = 5.0
 JOIN_RETRY = 0.5
+LEADER_POLL = 0.02
 
 
 def _pack(value: Any) -> bytes:
@@ -55,6 +56,7 @@ class MetadataService:
 
     async def call(self, op: str, **args: Any) -> None:
         """Run ``op`` on the metadata leader; raises MetadataError or NoMetadataLeader."""
+        await self._wait_for_leader()
         if self.raft.is_leader:
             return await self._execute(op, args)
         request = envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, _pack({"op": op, "args": args}))
@@ -70,6 +72,12 @@ class MetadataService:
             raise NoMetadataLeader(f"malformed reply from the metadata leader: {exc}") from exc
         if error:
             raise MetadataError(*error)
+
+    async def _wait_for_leader(self) -> None:
+        """Wait (briefly) until Raft knows a leader: a request forwarded to nobody only times out."""
+        deadline = self.clock() + FORWARD_TIMEOUT
+        while self.raft.leader is None and self.clock() < deadline:
+            await asyncio.sleep(LEADER_POLL)
 
     async def _on_propagated(self, msg: Msg) -> None:
         if not self.raft.is_leader or not msg.reply:
