@@ -1403,7 +1403,7 @@ async def run_restart(ctx: Context, system: str) -> list[dict[str, Any]]:
     return await _run_trials(ctx, "restart", system, trial)
 
 
-async def _idle_cpu_pct(pids: list[int | None], seconds: float = 3.0) -> float:
+async def _idle_cpu_pct(pids: list[int | None], seconds: float = 5.0) -> float:
     cpu = CpuMeter(pids).start()
     await asyncio.sleep(seconds)
     return 100.0 * cpu.stop() / seconds
@@ -1449,6 +1449,7 @@ async def _restart_bascule(ctx: Context, n: int, count: int, idle_partitions: in
 
         async def serves_last() -> float:
             deadline = _now() + READY_TIMEOUT * 2
+            last_error = "no answer"
             while True:
                 if not node.running:
                     raise BenchError(f"node exited while restarting:\n{node.log_tail(20)}")
@@ -1457,11 +1458,11 @@ async def _restart_bascule(ctx: Context, n: int, count: int, idle_partitions: in
                         async for message in client.subscribe(stream, 0, offset=last, stop_offset=last):
                             if message.offset == last:
                                 return _now()
-                    except BasculeError:
-                        pass
+                    except BasculeError as exc:
+                        last_error = str(exc)
                 if _now() > deadline:
-                    raise BenchError(f"offset {last} of {stream} not served {READY_TIMEOUT * 2} s after restart\n"
-                                     f"{node.log_tail(20)}")
+                    raise BenchError(f"offset {last} of {stream} not served {READY_TIMEOUT * 2} s after restart; "
+                                     f"last: {last_error}\n{node.log_tail(20)}")
                 await asyncio.sleep(0.05)
 
         for label, graceful in (("graceful", True), ("kill", False)):
@@ -1479,7 +1480,7 @@ async def _restart_bascule(ctx: Context, n: int, count: int, idle_partitions: in
 
 async def _restart_jetstream(ctx: Context, n: int, count: int, idle_streams: int, stall: float) -> dict[str, Any]:
     import nats
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import ConsumerConfig, DeliverPolicy
 
     metrics: dict[str, Any] = {}
     async with JetStreamSystem(ctx, f"restart-jetstream-{n}", 1) as sys_:
@@ -1517,6 +1518,7 @@ async def _restart_jetstream(ctx: Context, n: int, count: int, idle_streams: int
 
         async def serves_last() -> float:
             deadline = _now() + READY_TIMEOUT * 2
+            last_error = "no connection"
             while True:
                 try:
                     nc = await nats.connect(server.url, connect_timeout=1, max_reconnect_attempts=0,
@@ -1526,18 +1528,20 @@ async def _restart_jetstream(ctx: Context, n: int, count: int, idle_streams: int
                 if nc is not None:
                     try:
                         js = nc.jetstream(timeout=2)
-                        sub = await js.subscribe(subject, ordered_consumer=True,
-                                                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=total)
+                        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=total)
+                        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
                         msg = await sub.next_msg(timeout=2)
                         if msg.metadata.sequence.stream == total:
                             return _now()
-                    except Exception:  # noqa: BLE001 - JetStream still recovering
-                        pass
+                        last_error = f"got sequence {msg.metadata.sequence.stream}"
+                    except Exception as exc:  # noqa: BLE001 - JetStream still recovering
+                        last_error = repr(exc)
                     finally:
                         with contextlib.suppress(Exception):
                             await nc.close()
                 if _now() > deadline:
-                    raise BenchError(f"JetStream: message {total} not served {READY_TIMEOUT * 2} s after restart")
+                    raise BenchError(f"JetStream: message {total} not served {READY_TIMEOUT * 2} s after restart; "
+                                     f"last: {last_error}")
                 await asyncio.sleep(0.05)
 
         for label in ("graceful", "kill"):
@@ -1684,7 +1688,7 @@ def summarize(report: dict[str, Any]) -> None:
         scenario = SCENARIOS[name]
         rows = list(scenario.rows) or sorted({k for t in entry["trials"].get(BASCULE, []) for k in t
                                               if k.endswith(("_rate", "_cpu_us_per_msg"))},
-                                             key=lambda k: (int(re.sub(r"\D.*", "", k[1:]) or 0), k))
+                                             key=lambda k: (int(re.sub(r"\D.*", "", k[1:]) or 0), "rate" not in k))
         summary = []
         for row in rows:
             label, b_metric, j_metric = row if isinstance(row, tuple) else (row, row, row)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from bascule.wire import envelope
-from bascule.wire.entry import Record
+from bascule.wire.entry import Record, encode_headers
 from bascule.wire.pb import api_pb2
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,26 @@ class AckRequest:
     msg_subject: str
 
 
+HEADER_CACHE_SIZE = 4096
+_header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
+
+
+def _stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
+    """The subject/reply headers of a plain message and their encoding, shared by every
+    message with the same pair (wildcard streams see many subjects: the cache is bounded)."""
+    cached = _header_cache.get((subject, reply))
+    if cached is None:
+        if len(_header_cache) >= HEADER_CACHE_SIZE:
+            _header_cache.clear()
+        headers = {"subject": subject.encode(), "reply": reply.encode()}
+        cached = _header_cache[(subject, reply)] = (headers, encode_headers(headers))
+    return cached
+
+
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
-    headers = {"subject": subject.encode(), "reply": reply.encode()}
+    headers, header_block = _stored_headers(subject, reply)
     if envelope.is_envelope(data):
         try:
             message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
@@ -38,7 +54,7 @@ def record_from_nats(
             log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
         else:
             return _record_from_publish(message, headers, subject)
-    return Record(value=data, headers=headers), None
+    return Record(value=data, headers=headers, header_block=header_block), None
 
 
 def _record_from_publish(

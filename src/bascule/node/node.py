@@ -16,12 +16,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import nats
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
@@ -29,11 +28,12 @@ from bascule.metadata.state import INVALID_ARGUMENT, MetadataState, Partition, S
 from bascule.node import capture
 from bascule.node.config import Config
 from bascule.node.embedded_nats import EmbeddedNats
+from bascule.node.nats_capture import CaptureConnection, Delivery
 from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_error, subject_error
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
-from bascule.partition.replica import Appended, PartitionReplica, SyncPolicy
+from bascule.partition.replica import Appended, NotLeader, PartitionClosed, PartitionReplica, SyncPolicy
 from bascule.partition.subjects import Subjects
 from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
@@ -42,10 +42,6 @@ from bascule.wire.pb import api_pb2
 
 log = logging.getLogger(__name__)
 
-# A capture subscription must never drop plain-NATS messages silently (see nats-py's
-# slow-consumer behaviour); these bounds are far above any burst one loop turn sees.
-CAPTURE_PENDING_MSGS = 4_000_000
-CAPTURE_PENDING_BYTES = 2 * 1024 * 1024 * 1024
 HW_CHECKPOINT_INTERVAL = 5.0
 REMOTE_ACK_TIMEOUT = 30.0
 NATS_DEFAULT_PORT = 4222
@@ -58,7 +54,7 @@ class LocalPartition:
     replica: PartitionReplica
     subject: str
     group: str
-    capture: Subscription | None = None
+    capture: int | None = None  # subscription id on the capture connection
     endpoint: LeaderEndpoint | None = None
     follower: FollowerLoop | None = None
     isr_requests: set[tuple[str, bool]] = field(default_factory=set)
@@ -71,6 +67,7 @@ class Node:
         self.server_id = ""
         self.api_port = 0
         self.nats: nats.NATS | None = None
+        self.capture_connection: CaptureConnection | None = None
         self.raft: MetadataRaft | None = None
         self.metadata: MetadataService | None = None
         self.subjects = Subjects(config.clustering.namespace)
@@ -98,6 +95,8 @@ class Node:
             reconnect_time_wait=0.5,
             error_cb=self._nats_error,
         )
+        self.capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture")
+        await self.capture_connection.connect()
         self._ack_prefix = f"_INBOX.bascule.{self.server_id}.{uuid.uuid4().hex[:8]}"
         await self.nats.subscribe(self._ack_prefix + ".*", cb=self._on_ack)
         await self.nats.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
@@ -136,6 +135,8 @@ class Node:
             await self._close_partition(key, delete=False)
         if self.raft is not None:
             self.raft.close()
+        if self.capture_connection is not None:
+            await self.capture_connection.close()
         if self.nats is not None and not self.nats.is_closed:
             await self.nats.close()
         if self._embedded is not None:
@@ -303,15 +304,10 @@ class Node:
         local.replica.set_flags(partition.paused, partition.readonly)
         capturing = local.replica.is_leader and not partition.paused and not partition.readonly
         if capturing and local.capture is None:
-            local.capture = await self.nats.subscribe(
-                local.subject,
-                queue=local.group,
-                cb=self._capture_callback(local),
-                pending_msgs_limit=CAPTURE_PENDING_MSGS,
-                pending_bytes_limit=CAPTURE_PENDING_BYTES,
-            )
+            local.capture = self.capture_connection.subscribe(local.subject, local.group, self._capture_handler(local))
+            await self.capture_connection.flush()
         elif not capturing and local.capture is not None:
-            await local.capture.unsubscribe()
+            self.capture_connection.unsubscribe(local.capture)
             local.capture = None
 
     async def _lead(self, local: LocalPartition, stream: Stream, partition: Partition) -> None:
@@ -370,10 +366,7 @@ class Node:
         if local.endpoint is not None:
             await local.endpoint.stop()
         if local.capture is not None:
-            try:
-                await local.capture.unsubscribe()
-            except Exception:
-                log.debug("unsubscribe of %s/%s failed", *key, exc_info=True)
+            self.capture_connection.unsubscribe(local.capture)
         local.replica.close()
         if delete:
             shutil.rmtree(self._partition_dir(*key), ignore_errors=True)
@@ -523,22 +516,22 @@ class Node:
 
     # ---- capture and publish -----------------------------------------------------------------
 
-    def _capture_callback(self, local: LocalPartition) -> Any:
+    def _capture_handler(self, local: LocalPartition) -> Callable[[list[Delivery]], None]:
         replica = local.replica
 
-        async def on_message(msg: Msg) -> None:
-            record, ack = capture.record_from_nats(msg.data, msg.subject, msg.reply or "")
+        def on_messages(deliveries: list[Delivery]) -> None:
             try:
-                appended = replica.submit(record, want_offset=ack is not None)
-            except Exception as exc:
-                log.warning("dropping message on %s: %s", msg.subject, exc)
-                return
-            if ack is not None:
-                appended.add_done_callback(
-                    lambda done: self._spawn(self._send_ack(local, done, ack))
-                )
+                for subject, reply, payload in deliveries:
+                    record, ack = capture.record_from_nats(payload, subject, reply)
+                    appended = replica.submit(record, want_offset=ack is not None)
+                    if ack is not None:
+                        appended.add_done_callback(
+                            lambda done, ack=ack: self._spawn(self._send_ack(local, done, ack))
+                        )
+            except (NotLeader, PartitionClosed) as exc:
+                log.warning("dropping messages on %s: %s", local.subject, exc)
 
-        return on_message
+        return on_messages
 
     async def _send_ack(
         self, local: LocalPartition, done: asyncio.Future[Appended], request: capture.AckRequest

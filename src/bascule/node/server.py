@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -14,6 +15,8 @@ from bascule.node.config import Config, ConfigError, load_config, overrides_from
 from bascule.node.node import Node
 
 log = logging.getLogger("bascule")
+
+GC_THRESHOLD = 50_000
 
 
 async def run(
@@ -52,6 +55,15 @@ async def run(
             loop.remove_signal_handler(signum)
 
 
+def tune_garbage_collector() -> None:
+    """Capture allocates a few short-lived objects per message and frees them by reference
+    counting; the cycle collector's default of a pass every 700 allocations then costs a
+    large share of an append for nothing. Objects alive at start-up are frozen out of it."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 20)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides_from_args(args))
@@ -63,6 +75,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    tune_garbage_collector()
     try:
         asyncio.run(run(config))
     except OSError as exc:

@@ -40,35 +40,32 @@ ATTEMPTS = 5
 
 
 def run(coroutine_function: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine on a fresh event loop (Spark's Python workers have none of their own)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine_function())
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
+    """Run a coroutine on a fresh event loop (Spark's Python workers have none of their own).
+
+    `asyncio.Runner` closes the loop as `asyncio.run` does: remaining tasks (gRPC's own among them)
+    are cancelled and finished first, so no gRPC completion arrives for a closed loop."""
+    with asyncio.Runner() as runner:
+        return runner.run(coroutine_function())
 
 
 def iterate(generator_function: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
     """An async generator as a plain generator, driven on its own fresh event loop; closing the
     plain generator early closes the async one (and with it its connections)."""
-    loop = asyncio.new_event_loop()
-    agen = generator_function()
-    try:
-        while True:
-            try:
-                item = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
+    with asyncio.Runner() as runner:
+        agen = generator_function()
         try:
-            loop.run_until_complete(agen.aclose())
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            while True:
+                try:
+                    item = runner.run(_next(agen))
+                except StopAsyncIteration:
+                    return
+                yield item
         finally:
-            loop.close()
+            runner.run(agen.aclose())
+
+
+async def _next(agen: AsyncIterator[T]) -> T:
+    return await agen.__anext__()
 
 
 async def connect(brokers: tuple[str, ...], timeout: float) -> Client:

@@ -56,6 +56,9 @@ class Record:
     key: bytes | None = None
     headers: dict[str, bytes] = field(default_factory=dict)
     timestamp: int = 0
+    # ``headers`` already encoded (encode_headers): many captured messages share one subject,
+    # and encoding their headers once instead of per message is a large part of an append.
+    header_block: bytes | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,7 +105,7 @@ def _encode_body(record: Record) -> bytes:
     key = record.key
     if len(value) > _MAX_UINT32:
         raise ValueError(f"value of {len(value)} bytes is too large for an entry")
-    headers = _encode_headers(record.headers) if record.headers else _NO_HEADERS
+    headers = record.header_block or (encode_headers(record.headers) if record.headers else _NO_HEADERS)
     if key:
         if len(key) > _MAX_INT32:
             raise ValueError(f"key of {len(key)} bytes is too large for an entry")
@@ -116,7 +119,7 @@ def _encode_body(record: Record) -> bytes:
     return body
 
 
-def _encode_headers(headers: dict[str, bytes]) -> bytes:
+def encode_headers(headers: dict[str, bytes]) -> bytes:
     if len(headers) > _MAX_UINT16:
         raise ValueError(f"{len(headers)} headers is more than an entry can hold")
     parts = [_UINT16.pack(len(headers))]

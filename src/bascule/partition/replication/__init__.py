@@ -34,10 +34,11 @@ Modules and their API
     - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now) -> bool``: False = answer
       with no data (unknown replica, other epoch, beyond this leader's log).
     - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
-    - ``.shrink_proposals(now) -> list[str]``: repeated until committed (shell rate-limits).
+    - ``.shrink_proposals(now) -> list[str]``: lagging > max_lag_time, or lacking committed
+      messages (log end <= HW); repeated until committed (the shell rate-limits).
     - ``.expand_proposals(now) -> list[str]``: each replica once; it is then *pending* and
       counts for the HW (Kafka's maximal ISR) until ``.set_isr`` includes it or
-      ``.expand_refused(replica_id)``; ``.pending_expansions``.
+      ``.expand_refused(replica_id)`` (or ``max_lag_time`` passes); ``.pending_expansions``.
     - ``.set_isr(isr, now)``: the ISR the metadata committed.
     - ``PendingAcks``: ``add(offset, token)``, ``release(hw) -> [(offset, token)]``,
       ``fail_all() -> [(offset, token)]`` (on losing leadership), ``len()``.
@@ -84,7 +85,9 @@ Protocol decisions taken here (see each module for the reasoning)
 - The leader's HW waits for every ISR member to fetch once in a new leadership.
 - ISR expansion needs a caught-up fetch that already holds every committed message and
   everything before the leader's epoch; while the request is in flight the replica counts for
-  the HW, so the HW never passes the log end of a member the metadata is about to add.
+  the HW, so the HW never passes the log end of a member the metadata is about to add. The
+  metadata's answer must arrive within ``max_lag_time`` (after that the expansion counts as
+  refused); an ISR member found lacking committed messages is proposed for removal at once.
 - Replies are judged on content: a valid replication reply is taken even while IDLE (a zombie
   may answer the shared subject first); invalid ones are dropped and are no leader contact.
 - A failed leader leaves the ISR when another is elected; when none can be, the ISR stays (the

@@ -68,7 +68,7 @@ class IsrTracker:
             rid: FollowerProgress(rid) for rid in self.replicas if rid != leader_id
         }
         self.isr: frozenset[str] = frozenset()
-        self._expanding: set[str] = set()  # expansions proposed, not yet settled
+        self._expanding: dict[str, float] = {}  # expansions proposed, not settled: when
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
@@ -82,12 +82,13 @@ class IsrTracker:
             if progress is not None and progress.last_caught_up_time is None:
                 progress.last_caught_up_time = now  # a grace period for a member we never saw
         self.isr = new_isr
-        self._expanding -= new_isr
+        for rid in new_isr:
+            self._expanding.pop(rid, None)
         self._recompute_hw()
 
     def expand_refused(self, replica_id: str) -> None:
         """The metadata refused (or never answered) the expansion of ``replica_id``."""
-        self._expanding.discard(replica_id)
+        self._expanding.pop(replica_id, None)
         self._recompute_hw()
 
     def leader_appended(self, log_end_offset: int) -> list[str]:
@@ -112,6 +113,7 @@ class IsrTracker:
         progress = self._followers.get(replica_id)
         if progress is None or leader_epoch != self.leader_epoch:
             return False
+        self._expire_expansions(now)
         if log_end_offset < 0 or log_end_offset > self.leader_log_end:
             return False
         previous_leader_end = progress.leader_log_end_at_last_fetch
@@ -157,13 +159,18 @@ class IsrTracker:
         return None if progress is None else progress.last_caught_up_time
 
     def shrink_proposals(self, now: float) -> list[str]:
-        """ISR followers not caught up for more than ``max_lag_time`` (sorted; repeated on every
-        call until the metadata commits a new ISR, so the shell rate-limits its requests)."""
+        """ISR followers not caught up for more than ``max_lag_time``, and at once those whose
+        log ends at or below the HW: they lack committed messages (they lost data in a crash,
+        or an expansion was committed after it stopped being pending). Sorted; repeated on every
+        call until the metadata commits a new ISR, so the shell rate-limits its requests."""
+        self._expire_expansions(now)
         lagging = []
         for rid in self.isr - {self.leader_id}:
             progress = self._followers.get(rid)
             caught_up = None if progress is None else progress.last_caught_up_time
             if caught_up is None or now - caught_up > self.max_lag_time:
+                lagging.append(rid)
+            elif progress is not None and progress.log_end_offset is not None and progress.log_end_offset <= self.hw:
                 lagging.append(rid)
         return sorted(lagging)
 
@@ -176,10 +183,13 @@ class IsrTracker:
         it were in the ISR (Kafka's "maximal ISR") until :meth:`set_isr` includes it or
         :meth:`expand_refused` drops it. Otherwise the HW could pass its log end while the
         request is in flight, and the metadata would then add a member lacking committed
-        messages. Pending members do not count towards ``min_isr``.
+        messages. Pending members do not count towards ``min_isr``. A pending expansion not
+        settled within ``max_lag_time`` is dropped as refused (so a lost answer cannot hold the
+        HW back for ever).
         """
+        self._expire_expansions(now)
         ready = []
-        for rid in self.replicas - self.isr - self._expanding:
+        for rid in (self.replicas - self.isr).difference(self._expanding):
             p = self._followers[rid]
             if (
                 p.caught_up_at_last_fetch
@@ -190,7 +200,8 @@ class IsrTracker:
                 and p.log_end_offset >= self.epoch_start
             ):
                 ready.append(rid)
-        self._expanding.update(ready)
+        for rid in ready:
+            self._expanding[rid] = now
         return sorted(ready)
 
     @property
@@ -199,11 +210,18 @@ class IsrTracker:
 
     # -- internals --------------------------------------------------------------------------
 
+    def _expire_expansions(self, now: float) -> None:
+        expired = [r for r, at in self._expanding.items() if now - at > self.max_lag_time]
+        for rid in expired:
+            del self._expanding[rid]
+        if expired:
+            self._recompute_hw()
+
     def _recompute_hw(self) -> None:
         if not self.can_commit:
             return
         log_ends: list[int | None] = [self.leader_log_end]
-        for rid in (self.isr | self._expanding) - {self.leader_id}:
+        for rid in self.isr.union(self._expanding) - {self.leader_id}:
             progress = self._followers.get(rid)
             log_ends.append(None if progress is None else progress.log_end_offset)
         self.hw = leader_high_watermark(self.hw, log_ends, 1)
