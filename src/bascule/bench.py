@@ -293,6 +293,8 @@ def versions() -> dict[str, Any]:
             found["bascule_git"] = head + ("+dirty" if dirty else "")
     except Exception:  # noqa: BLE001
         pass
+    if "bascule_git" not in found and (repo / "REVISION").exists():  # an exported snapshot
+        found["bascule_git"] = (repo / "REVISION").read_text().strip()
     return found
 
 
@@ -388,7 +390,13 @@ async def workers(ctx: Context, kind: str, specs: Sequence[dict[str, Any]], name
         for worker in started:
             await worker.start()
         await asyncio.gather(*(w.ready() for w in started))
-        yield started
+        if ctx.profiling and ctx.profiler is not None and not kind.startswith("nats_"):
+            # in a profiled trial, the client side too (publishers of plain NATS are not of interest)
+            pids = {f"worker-{kind}-{i}": w.pid for i, w in enumerate(started)}
+            async with ctx.profiler.record(ctx.profiling, pids):
+                yield started
+        else:
+            yield started
     finally:
         await asyncio.gather(*(w.close() for w in started))
 
@@ -404,9 +412,10 @@ def py_spy_path() -> str | None:
 class Profiler:
     """py-spy record of some processes, raw (collapsed-stack) output, summarised into hot spots."""
 
-    def __init__(self, directory: Path, rate: int) -> None:
+    def __init__(self, directory: Path, rate: int, native: bool = False) -> None:
         self.dir = directory
         self.rate = rate
+        self.native = native
         self.binary = py_spy_path()
         self.summaries: dict[str, dict[str, Any]] = {}
 
@@ -424,7 +433,9 @@ class Profiler:
             out = self.dir / f"{label}-{name}.txt"
             log = open(self.dir / f"{label}-{name}.py-spy.log", "wb")
             command = [self.binary, "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw",
-                       "--threads", "--nonblocking", "-o", str(out)]
+                       "--threads", "-o", str(out)]
+            if self.native:
+                command.append("--native")
             running.append((name, out, subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)))
             log.close()
         await asyncio.sleep(0.5)  # let py-spy attach
@@ -461,12 +472,28 @@ def _short_frame(frame: str) -> str:
     return f"{match.group('func')} ({path})"
 
 
+# Leaf frames that are a thread waiting (py-spy's own idle detection misses these here): not counted.
+# "Thread.run" is grpc's poller thread blocked in its C completion queue, and "_worker" an idle
+# executor thread; grpc's Cython work shows up as the self time of "Handle._run" (a loop callback)
+# or of the grpc.aio frame that called it.
+_WAITING = frozenset({
+    "EpollSelector.select (selectors.py)", "PollPoller.poll (pysyncobj/poller.py)",
+    "SelectSelector.select (selectors.py)", "PollSelector.select (selectors.py)",
+    "Thread.run (threading.py)", "_worker (concurrent/futures/thread.py)", "Condition.wait (threading.py)",
+    "Event.wait (threading.py)", "Thread._wait_for_tstate_lock (threading.py)",
+})
+
+# Frames every sample of an asyncio server passes through: left out of the inclusive ranking.
+_BOILERPLATE = ("<frozen runpy>", "asyncio/runners.py", "asyncio/base_events.py", "asyncio/events.py",
+                "bascule/cli.py", "bascule/node/server.py", "threading.py")
+
+
 def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
     """Self (leaf) and inclusive sample counts per function, and the share of each thread."""
     self_counts: dict[str, int] = {}
     incl_counts: dict[str, int] = {}
     threads: dict[str, int] = {}
-    total = 0
+    total = everything = waiting = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -480,25 +507,31 @@ def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
                 if frames[0].startswith("thread ("):
                     thread = frames[0]
                 frames = frames[1:]
-        total += count
-        threads[thread] = threads.get(thread, 0) + count
         if not frames:
             continue
         short = [_short_frame(f) for f in frames]
+        everything += count
+        if short[-1] in _WAITING:
+            waiting += count
+            continue
+        total += count
+        threads[thread] = threads.get(thread, 0) + count
         self_counts[short[-1]] = self_counts.get(short[-1], 0) + count
         for name in set(short):
-            incl_counts[name] = incl_counts.get(name, 0) + count
+            if not any(marker in name for marker in _BOILERPLATE):
+                incl_counts[name] = incl_counts.get(name, 0) + count
 
     def ranked(counts: dict[str, int]) -> list[tuple[str, int, float]]:
         return [(k, v, 100.0 * v / total if total else 0.0)
                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
 
-    return {"samples": total, "self": ranked(self_counts), "inclusive": ranked(incl_counts),
-            "threads": ranked(threads)}
+    return {"samples": total, "all_samples": everything, "waiting_samples": waiting,
+            "self": ranked(self_counts), "inclusive": ranked(incl_counts), "threads": ranked(threads)}
 
 
 def format_profile(label: str, summary: dict[str, Any]) -> str:
-    lines = [f"== {label}: {summary['samples']} samples (non-idle) =="]
+    lines = [f"== {label}: {summary['samples']} busy samples ({summary.get('waiting_samples', 0)} more "
+             f"waiting in select/poll/locks, left out); percentages are of the busy samples =="]
     lines.append("threads:")
     lines += [f"  {pct:5.1f}%  {name or '(unnamed)'}" for name, _, pct in summary["threads"][:6]]
     lines.append("self time (leaf frames):")
@@ -517,6 +550,7 @@ class Context:
     dir: Path
     counts: dict[str, int]
     profiler: Profiler | None = None
+    profiling: str | None = None  # the label of the profiled trial under way
 
     @property
     def payload_size(self) -> int:
@@ -923,8 +957,12 @@ async def _timed_publish(ctx: Context, url: str, subjects: list[str], count: int
 @contextlib.asynccontextmanager
 async def _maybe_profile(ctx: Context, label: str, pids: dict[str, int | None], on: bool) -> AsyncIterator[None]:
     if on and ctx.profiler is not None:
-        async with ctx.profiler.record(label, pids):
-            yield
+        ctx.profiling = label
+        try:
+            async with ctx.profiler.record(label, pids):
+                yield
+        finally:
+            ctx.profiling = None
     else:
         yield
 
@@ -1661,6 +1699,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy the bascule nodes in one extra, unmeasured trial of the profiled scenarios")
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second (default 100)")
+    parser.add_argument("--profile-native", action="store_true",
+                        help="py-spy --native: show C/Cython frames too (grpc's, protobuf's)")
     parser.add_argument("--workdir", help="where the temporary directories go (default the system's)")
     parser.add_argument("--keep", action="store_true", help="keep data dirs and logs (their path is printed)")
     parser.add_argument("--bascule-log-level", default="info", help="bascule nodes' --level (default info)")
@@ -1739,7 +1779,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     systems = args.system or [BASCULE, JETSTREAM]
     names = select_scenarios(args.scenario)
     base = Path(tempfile.mkdtemp(prefix="bascule-bench-", dir=args.workdir))
-    profiler = Profiler(Path(args.profile).resolve(), args.profile_rate) if args.profile else None
+    profiler = Profiler(Path(args.profile).resolve(), args.profile_rate, args.profile_native) if args.profile else None
     report: dict[str, Any] = {
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": machine_info(),

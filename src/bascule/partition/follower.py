@@ -18,7 +18,7 @@ from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
 from bascule.partition.subjects import Subjects
 from bascule.wire import envelope, replicate
-from bascule.wire.entry import scan, valid_prefix
+from bascule.wire.entry import CorruptEntry, WalkedEntry, scan
 from bascule.wire.pb import internal_pb2
 
 log = logging.getLogger(__name__)
@@ -160,16 +160,26 @@ class FollowerLoop:
         except envelope.EnvelopeError as exc:
             log.warning("malformed replication response for %s/%s: %s", replica.stream, replica.partition, exc)
             return follower.on_fetch_failed(replica.clock())
-        entries = response.entries
-        length, _ = valid_prefix(entries)
-        if length != len(entries):
+        walked = intact_entries(response.entries)
+        length = walked[-1][4] if walked else 0
+        if length != len(response.entries):
             # Keep the intact entries; the rest is fetched again from where they end.
             log.warning("%s/%s: dropping %d corrupt bytes of a replication response",
-                        replica.stream, replica.partition, len(entries) - length)
-            entries = entries[:length]
-        positions = [(offset, epoch) for offset, epoch, _, _, _ in scan(entries, check_crc=False)]
+                        replica.stream, replica.partition, len(response.entries) - length)
+        positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
         actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
         for action in actions:
             if isinstance(action, machine.Append):
-                replica.append_replicated(bytes(entries))
+                replica.append_replicated(bytes(response.entries[:length]), walked)
         return [a for a in actions if not isinstance(a, machine.Append)]
+
+
+def intact_entries(data: memoryview) -> list[WalkedEntry]:
+    """The entries of a replication response up to the first torn or damaged one, CRC-checked
+    once here (the log is handed them already walked)."""
+    walked: list[WalkedEntry] = []
+    try:
+        walked.extend(scan(data))
+    except CorruptEntry:
+        pass
+    return walked

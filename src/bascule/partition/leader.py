@@ -21,13 +21,16 @@ from bascule.wire.pb import internal_pb2
 
 log = logging.getLogger(__name__)
 
+RESPONSE_OVERHEAD = 64  # envelope, epoch and HW, with room to spare
+
 
 class LeaderEndpoint:
     def __init__(self, nc: NATS, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
         self.nc = nc
         self.subjects = subjects
         self.replica = replica
-        self.max_bytes = max_bytes
+        # A response is one NATS message: it must fit the server's max payload.
+        self.max_bytes = max(1, min(max_bytes, nc.max_payload - RESPONSE_OVERHEAD))
         self._subscriptions: list[Subscription] = []
 
     async def start(self) -> None:

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 from bascule.partition.log import CommitLog
 from bascule.partition.replication.election import start_leader_epoch
 from bascule.partition.replication.isr import IsrTracker, PendingAcks
-from bascule.wire.entry import Entry, Record
+from bascule.wire.entry import Entry, Record, WalkedEntry
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ class PartitionReplica:
         self._publish_high_watermark()
         if log_end_offset >= self.log.next_offset:
             return b""
-        return self.log.read_raw(log_end_offset, max_bytes)
+        # Followers check every entry's CRC as they receive it: no need to check here too.
+        return self.log.read_raw(log_end_offset, max_bytes, check_crc=False)
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
@@ -212,8 +213,8 @@ class PartitionReplica:
 
     # ---- follower: applying the Follower machine's actions -------------------------------------
 
-    def append_replicated(self, data: bytes) -> None:
-        self.log.append_raw(data)
+    def append_replicated(self, data: bytes, walked: list[WalkedEntry]) -> None:
+        self.log.append_raw(data, walked)
 
     def truncate(self, end_offset: int) -> None:
         self.log.truncate(end_offset)

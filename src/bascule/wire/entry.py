@@ -44,6 +44,9 @@ _MAX_INT64 = (1 << 63) - 1
 _MAX_UINT64 = (1 << 64) - 1
 
 
+WalkedEntry = tuple[int, int, int, int, int]  # what scan() yields: offset, leader epoch, timestamp, start, end
+
+
 class CorruptEntry(ValueError):
     """Bytes that are not a whole, intact entry: bad checksum, torn tail or inconsistent lengths."""
 

@@ -22,11 +22,10 @@ from bascule.partition.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     Segment,
-    WalkedEntry,
     parse_segment_name,
     segment_name,
 )
-from bascule.wire.entry import Entry, Record, decode_entries, encode_entries, scan
+from bascule.wire.entry import Entry, Record, WalkedEntry, decode_entries, encode_entries, scan
 
 logger = logging.getLogger(__name__)
 
@@ -251,13 +250,14 @@ class CommitLog:
         self._write(data, list(scan(data, check_crc=False)), [(leader_epoch, first_offset)])
         return first_offset, self.newest_offset
 
-    def append_raw(self, data: bytes) -> int:
+    def append_raw(self, data: bytes, walked: list[WalkedEntry] | None = None) -> int:
         """Append as follower: entries encoded by the leader, stored byte for byte.
 
         They must be intact and continue exactly from ``next_offset``; otherwise nothing is
-        appended (CorruptEntry, ValueError). Returns the new ``next_offset``.
+        appended (CorruptEntry, ValueError). Returns the new ``next_offset``. ``walked`` is
+        ``list(scan(data))`` when the caller already has it (checked), saving a second pass.
         """
-        entries = list(scan(data))
+        entries = list(scan(data)) if walked is None else walked
         expected_offset = self.next_offset
         latest_epoch = self._epochs.latest_epoch
         epoch_starts = []
@@ -310,18 +310,19 @@ class CommitLog:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+    def read_raw(self, offset: int, max_bytes: int, check_crc: bool = True) -> bytes:
         """Stored bytes of whole entries from ``offset``: at least one entry even if it is
         bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked: the
-        bytes stop before a damaged entry, and reading from one raises CorruptEntry."""
-        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize)
+        bytes stop before a damaged entry, and reading from one raises CorruptEntry.
+        ``check_crc=False`` is for bytes whose receiver checks them (replication)."""
+        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize, check_crc=check_crc)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
         """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
         of stored bytes unless the first entry alone is bigger."""
         return decode_entries(self._read_raw(offset, max_bytes, max_entries), check_crc=False)
 
-    def _read_raw(self, offset: int, max_bytes: int, max_entries: int) -> bytes:
+    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool = True) -> bytes:
         """Whole entries from ``offset``, every one CRC-checked. They stop before a damaged
         entry, and CorruptEntry is raised when reading from one, never its bytes returned."""
         if not self.oldest_offset <= offset <= self.next_offset:
@@ -337,6 +338,7 @@ class CommitLog:
                 remaining_bytes,
                 remaining_entries,
                 at_least_one=not parts,
+                check_crc=check_crc,
             )
             if chunk:
                 parts.append(chunk)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
-from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, scan
+from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, WalkedEntry, scan
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -25,7 +25,6 @@ _WALK_CHUNK = 1024 * 1024
 
 logger = logging.getLogger(__name__)
 
-WalkedEntry = tuple[int, int, int, int, int]  # offset, leader epoch, timestamp, start, end
 
 
 def segment_name(base_offset: int) -> str:
@@ -270,7 +269,7 @@ class Segment:
         return self.size == 0
 
     def read_entries(
-        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool
+        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool, check_crc: bool = True
     ) -> tuple[bytes, int]:
         """(bytes, count) of whole, CRC-checked entries from ``offset``, within the limits.
 
@@ -287,7 +286,7 @@ class Segment:
         length = count = 0
         expected_offset = offset
         try:
-            for entry_offset, _, _, _, end in scan(chunk):
+            for entry_offset, _, _, _, end in scan(chunk, check_crc):
                 if entry_offset != expected_offset:
                     raise CorruptEntry(f"expected offset {expected_offset}, found {entry_offset}")
                 length, count, expected_offset = end, count + 1, expected_offset + 1
