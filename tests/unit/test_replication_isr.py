@@ -161,6 +161,39 @@ def test_refused_expansion_releases_the_hw():
     assert t.expand_proposals(3.0) == ["G"]
 
 
+def test_unsettled_expansion_expires():
+    t = tracker(isr=("L", "F"), leo=10, hw=4)
+    t.record_fetch("F", 10, 7, 1.0)
+    t.record_fetch("G", 10, 7, 1.0)
+    assert t.expand_proposals(1.0) == ["G"]
+    t.leader_appended(14)
+    t.record_fetch("F", 14, 7, 2.0)
+    assert t.hw == 9
+    assert t.shrink_proposals(16.0) == [] and t.hw == 9  # still within max_lag_time
+    t.shrink_proposals(16.5)
+    assert t.pending_expansions == frozenset() and t.hw == 13
+
+
+def test_late_expansion_lacking_committed_messages_is_shrunk_at_once():
+    t = tracker(isr=("L", "F"), leo=10, hw=4)
+    t.record_fetch("F", 10, 7, 1.0)
+    t.record_fetch("G", 10, 7, 1.0)
+    t.expand_proposals(1.0)
+    t.leader_appended(14)
+    t.record_fetch("F", 14, 7, 20.0)  # the pending expansion expired: the HW moves on
+    assert t.hw == 13
+    t.set_isr({"L", "F", "G"}, 21.0)  # the metadata's answer arrives after all
+    assert t.shrink_proposals(21.0) == ["G"]
+
+
+def test_follower_that_lost_committed_messages_is_shrunk_at_once():
+    t = tracker(isr=("L", "F"), leo=10, hw=4)
+    t.record_fetch("F", 10, 7, 1.0)
+    assert t.hw == 9
+    t.record_fetch("F", 6, 7, 2.0)  # restarted after losing unsynced entries
+    assert t.shrink_proposals(2.0) == ["F"] and t.hw == 9
+
+
 def test_pending_members_do_not_count_towards_min_isr():
     t = tracker(isr=("L",), leo=10, hw=4, min_isr=2)
     t.record_fetch("G", 10, 7, 1.0)
@@ -228,7 +261,8 @@ event = st.one_of(
 def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events):
     """Followers fetch forward (their log ends never go back, nor beyond the leader's); ISR
     changes are the tracker's own proposals: shrinks committed at once, expansions committed
-    or refused later, while the HW keeps moving."""
+    or refused later, while the HW keeps moving (an answer later than max_lag_time counts as
+    lost: see test_late_expansion_lacking_committed_messages_is_shrunk_at_once)."""
     now = 0.0
     t = IsrTracker("L", 1, "LFG", {"L", *isr}, leader_log_end=0, hw=-1, min_isr=min_isr, max_lag_time=15.0, now=now)
     log_end = {"L": 0, "F": 0, "G": 0}
@@ -252,7 +286,7 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
             pending.extend(t.expand_proposals(now))
         elif pending:  # the metadata commits (or refuses) the oldest pending expansion
             rid = pending.pop(0)
-            if e[1]:
+            if e[1] and rid in t.pending_expansions:  # answered within max_lag_time
                 assert log_end[rid] > t.hw  # it holds every committed message
                 t.set_isr(t.isr | {rid}, now)
             else:

@@ -42,6 +42,7 @@ def test_internal_messages():
     }
     assert _field_shapes(internal_pb2.LeaderEpochOffsetRequest) == {
         "leaderEpoch": (1, F.TYPE_UINT64),
+        "currentLeaderEpoch": (2, F.TYPE_UINT64),
     }
     assert _field_shapes(internal_pb2.LeaderEpochOffsetResponse) == {
         "endOffset": (1, F.TYPE_INT64),

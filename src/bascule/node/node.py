@@ -454,6 +454,8 @@ class Node:
             )
         except (MetadataError, NoMetadataLeader) as exc:
             log.warning("ISR change of %s/%s refused: %s", replica.stream, replica.partition, exc)
+            if add and replica.tracker is not None:
+                replica.tracker.expand_refused(replica_id)  # stop holding the HW back for it
         finally:
             local.isr_requests.discard((replica_id, add))
 

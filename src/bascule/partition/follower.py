@@ -130,7 +130,8 @@ class FollowerLoop:
     async def _ask_epoch(self, follower: machine.Follower, epoch: int) -> list[machine.Action]:
         replica = self.replica
         query = envelope.encode_message(
-            internal_pb2.LeaderEpochOffsetRequest(leaderEpoch=epoch), envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST
+            internal_pb2.LeaderEpochOffsetRequest(leaderEpoch=epoch, currentLeaderEpoch=self.leader_epoch),
+            envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST,
         )
         data = await self._request(self.subjects.epoch_offset(replica.stream, replica.partition), query)
         if data is None:

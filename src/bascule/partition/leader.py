@@ -74,7 +74,7 @@ class LeaderEndpoint:
         except envelope.EnvelopeError as exc:
             log.warning("dropping malformed epoch query on %s: %s", msg.subject, exc)
             return
-        if not self.replica.is_leader or not msg.reply:
+        if not self.replica.is_leader or not msg.reply or request.currentLeaderEpoch != self.replica.leader_epoch:
             return
         epoch, end_offset = self.replica.epoch_end(request.leaderEpoch)
         response = internal_pb2.LeaderEpochOffsetResponse(endOffset=end_offset, leaderEpoch=max(epoch, 0))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0einternal.proto\x12\x10\x62\x61scule.internal\"L\n\x12ReplicationRequest\x12\x11\n\treplicaID\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x03 \x01(\x04\":\n\x15PartitionNotification\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"/\n\x18LeaderEpochOffsetRequest\x12\x13\n\x0bleaderEpoch\x18\x01 \x01(\x04\"C\n\x19LeaderEpochOffsetResponse\x12\x11\n\tendOffset\x18\x01 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x02 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0einternal.proto\x12\x10\x62\x61scule.internal\"L\n\x12ReplicationRequest\x12\x11\n\treplicaID\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x03 \x01(\x04\":\n\x15PartitionNotification\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"K\n\x18LeaderEpochOffsetRequest\x12\x13\n\x0bleaderEpoch\x18\x01 \x01(\x04\x12\x1a\n\x12\x63urrentLeaderEpoch\x18\x02 \x01(\x04\"C\n\x19LeaderEpochOffsetResponse\x12\x11\n\tendOffset\x18\x01 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x02 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,7 +37,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONNOTIFICATION']._serialized_start=114
   _globals['_PARTITIONNOTIFICATION']._serialized_end=172
   _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_start=174
-  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_end=221
-  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_start=223
-  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_end=290
+  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_end=249
+  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_start=251
+  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_end=318
 # @@protoc_insertion_point(module_scope)

@@ -23,10 +23,12 @@ class PartitionNotification(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class LeaderEpochOffsetRequest(_message.Message):
-    __slots__ = ("leaderEpoch",)
+    __slots__ = ("leaderEpoch", "currentLeaderEpoch")
     LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENTLEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
     leaderEpoch: int
-    def __init__(self, leaderEpoch: _Optional[int] = ...) -> None: ...
+    currentLeaderEpoch: int
+    def __init__(self, leaderEpoch: _Optional[int] = ..., currentLeaderEpoch: _Optional[int] = ...) -> None: ...
 
 class LeaderEpochOffsetResponse(_message.Message):
     __slots__ = ("endOffset", "leaderEpoch")
