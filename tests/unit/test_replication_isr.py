@@ -298,3 +298,11 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
             if rid == "L" or t.progress(rid).log_end_offset is not None:
                 assert t.hw <= log_end[rid] - 1
         last_hw = t.hw
+
+
+def test_take_waiting_returns_idle_followers_once():
+    tracker = IsrTracker("a", 1, ["a", "b", "c"], ["a", "b", "c"], leader_log_end=5, hw=4, min_isr=1,
+                         max_lag_time=10, now=0)
+    tracker.record_fetch("b", 5, 1, now=1)  # caught up: an empty response, then it idles
+    assert tracker.take_waiting() == ["b"]
+    assert tracker.take_waiting() == []

@@ -197,6 +197,11 @@ class PartitionReplica:
         if hw > self.log.high_watermark:
             self.log.high_watermark = hw
             self._committed(hw)
+            # Idle followers learn a new HW only by fetching: wake them, so readers of ISR
+            # replicas see what is committed without waiting for an idle timeout.
+            waiting = self.tracker.take_waiting()
+            if waiting:
+                self._notify_followers(self, waiting)
 
     async def wait_committed(self, offset: int) -> None:
         """Wait until ``offset`` is committed (raises NotLeader if leadership is lost first)."""

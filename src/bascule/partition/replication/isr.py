@@ -98,6 +98,12 @@ class IsrTracker:
             raise ValueError("a leader's log end offset never moves backwards")
         self.leader_log_end = log_end_offset
         self._recompute_hw()
+        return self.take_waiting()
+
+    def take_waiting(self) -> list[str]:
+        """The followers idle after an empty response, which are to be notified now (new data,
+        or a new HW they would otherwise learn only at their next idle timeout); they stop
+        counting as waiting."""
         notify = sorted(p.replica_id for p in self._followers.values() if p.waiting)
         for rid in notify:
             self._followers[rid].waiting = False
