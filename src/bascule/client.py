@@ -15,7 +15,8 @@ import grpc
 
 from google.protobuf.message import Message as ProtoMessage
 
-from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
+from bascule.wire.entry import decode_entries
+from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, data_pb2_grpc
 
 ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
 START_POSITIONS = {
@@ -126,7 +127,9 @@ class Client:
                 address,
                 options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
             )
-        return api_pb2_grpc.APIStub(self._channels[address])
+        stub = api_pb2_grpc.APIStub(self._channels[address])
+        stub.channel = self._channels[address]  # for bascule's own services on the same channel
+        return stub
 
     async def _leader_stub(self, stream: str, partition: int) -> api_pb2_grpc.APIStub:
         if (stream, partition) not in self._leaders:
@@ -293,13 +296,14 @@ class Client:
                 stub = await self._isr_replica_stub(stream, partition)
             else:
                 stub = await self._leader_stub(stream, partition)
-            call = stub.Subscribe(request)
-            first = True
-            async for message in call:
-                if first:
-                    first = False  # the server's empty handshake message
-                    continue
-                yield _message(message)
+            try:
+                async for message in _subscribe_batches(stub, request):
+                    yield message
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                async for message in _subscribe_messages(stub, request):  # a Liftbridge server
+                    yield message
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return  # the stop position was reached
@@ -371,6 +375,37 @@ def _as_dict(message: ProtoMessage) -> dict:
             value = list(value)
         result[field.name] = value
     return result
+
+
+async def _subscribe_batches(stub: api_pb2_grpc.APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
+    """bascule's batch path: stored entries, many per gRPC message, decoded here."""
+    batches = data_pb2_grpc.DataStub(stub.channel).SubscribeBatches(
+        data_pb2.BatchSubscribeRequest(
+            stream=request.stream, partition=request.partition, startPosition=request.startPosition,
+            startOffset=request.startOffset, startTimestamp=request.startTimestamp,
+            readISRReplica=request.readISRReplica, stopPosition=request.stopPosition,
+            stopOffset=request.stopOffset, stopTimestamp=request.stopTimestamp,
+        )
+    )
+    stream, partition = request.stream, request.partition
+    async for batch in batches:
+        # The server CRC-checked these entries as it read them from its log.
+        for entry in decode_entries(batch.entries, check_crc=False):
+            headers = entry.headers
+            yield Message(
+                stream, partition, entry.offset, entry.timestamp, entry.key, entry.value,
+                headers.get("subject", b"").decode(errors="replace"), headers,
+            )
+
+
+async def _subscribe_messages(stub: api_pb2_grpc.APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
+    """Liftbridge's Subscribe: one gRPC message per record, after an empty handshake."""
+    first = True
+    async for message in stub.Subscribe(request):
+        if first:
+            first = False
+            continue
+        yield _message(message)
 
 
 def _publish_request(stream, value, key, headers, partition, ack_policy, correlation_id) -> api_pb2.PublishRequest:

@@ -251,3 +251,41 @@ async def test_garbage_on_internal_subjects_is_dropped_and_node_keeps_serving(tm
             await nc.close()
             assert (await client.publish("g", b"still here", ack_policy="all")).offset == 0
             assert (await client.fetch_metadata("g")).streams["g"].exists
+
+
+async def test_batch_path_matches_liftbridge_subscribe_and_honours_stop_positions(tmp_path):
+    from bascule.client import _subscribe_messages
+
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("b", "b")
+            await client.publish_many("b", [b"v%d" % i for i in range(3000)], ack_policy="all")
+            batch = [m async for m in client.subscribe("b", offset=10, stop_offset=2500)]
+            assert [m.offset for m in batch] == list(range(10, 2501))
+            stub = await client._leader_stub("b", 0)
+            request = api_pb2.SubscribeRequest(stream="b", startPosition=api_pb2.StartPosition.OFFSET, startOffset=10,
+                                               stopPosition=api_pb2.StopPosition.STOP_OFFSET, stopOffset=2500)
+            single = []
+            with pytest.raises(grpc.aio.AioRpcError):
+                async for m in _subscribe_messages(stub, request):
+                    single.append(m)
+            assert single == batch
+            cutoff = batch[1000].timestamp
+            request = api_pb2.SubscribeRequest(stream="b", startPosition=api_pb2.StartPosition.EARLIEST,
+                                               stopPosition=api_pb2.StopPosition.STOP_TIMESTAMP, stopTimestamp=cutoff)
+            by_time = []
+            async for m in _batches(stub, request):
+                by_time.append(m)
+            assert by_time and by_time[-1].timestamp <= cutoff and all(m.timestamp <= cutoff for m in by_time)
+            assert len(by_time) >= 1011
+
+
+async def _batches(stub, request):
+    from bascule.client import _subscribe_batches
+
+    try:
+        async for message in _subscribe_batches(stub, request):
+            yield message
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from bascule.wire.entry import scan
 from bascule.wire.pb import api_pb2
 
 Start = api_pb2.StartPosition
@@ -38,6 +39,16 @@ class StopRule:
 
     def done_after(self, offset: int) -> bool:
         return self.offset is not None and offset >= self.offset
+
+    def cut(self, chunk: bytes, last: int) -> bytes:
+        """The leading entries of stored ``chunk`` (ending with offset ``last``) this rule still
+        lets through."""
+        if self.timestamp is None and (self.offset is None or last <= self.offset):
+            return chunk
+        for offset, _, timestamp, start, _ in scan(chunk, check_crc=False):
+            if self.done_before(offset, timestamp):
+                return chunk[:start]
+        return chunk
 
 
 def start_offset(

@@ -21,13 +21,14 @@ from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.node import capture
 from bascule.node.node import LocalPartition, Node
 from bascule.partition.log import OffsetOutOfRange
-from bascule.partition.replica import NotLeader, PartitionClosed
-from bascule.wire.entry import CorruptEntry, Entry, Record
-from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc
+from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica
+from bascule.wire.entry import CorruptEntry, Entry, Record, decode_entries, last_offset
+from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, data_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBE_BATCH = 512
+SUBSCRIBE_BATCH_BYTES = 256 * 1024
+BATCH_BYTES = 1024 * 1024
 IDLE_RECHECK = 1.0
 NO_LEADER = "no known metadata leader"
 
@@ -172,39 +173,52 @@ class API(api_pb2_grpc.APIServicer):
     # ---- Subscribe ----------------------------------------------------------------------------
 
     async def Subscribe(self, request, context):
-        local = await self._leader_partition(
-            request.stream, request.partition, context, allow_isr=request.readISRReplica
-        )
-        replica = local.replica
-        bounds = positions.LogBounds(
-            replica.log.oldest_offset, replica.log.newest_offset, replica.high_watermark
-        )
-        try:
-            offset = positions.start_offset(request, bounds, replica.log.offset_for_timestamp)
-            stop = positions.stop_rule(request, bounds)
-        except positions.PositionError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except positions.EndOfStream as exc:
-            yield api_pb2.Message()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        replica, offset, stop = await self._open_subscription(request, context)
         yield api_pb2.Message()  # handshake: clients wait for it before reading
-        while True:
-            try:
-                entries = replica.read_committed(offset, SUBSCRIBE_BATCH)
-            except OffsetOutOfRange:
-                offset = replica.log.oldest_offset  # retention removed what we were about to read
-                continue
-            except CorruptEntry as exc:
-                log.error("corrupt entry in %s/%s: %s", request.stream, request.partition, exc)
-                await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
-            for entry in entries:
+        async for chunk, _ in self._committed_chunks(replica, offset, SUBSCRIBE_BATCH_BYTES, context):
+            for entry in decode_entries(chunk, check_crc=False):
                 if stop.done_before(entry.offset, entry.timestamp):
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
                 yield message_from_entry(request.stream, request.partition, entry)
                 if stop.done_after(entry.offset):
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
-                offset = entry.offset + 1
-            if entries:
+
+    async def _open_subscription(self, request, context) -> tuple[PartitionReplica, int, positions.StopRule]:
+        """The replica to read, the first offset and the stop rule, or the call aborted."""
+        local = await self._leader_partition(
+            request.stream, request.partition, context, allow_isr=request.readISRReplica
+        )
+        replica = local.replica
+        bounds = positions.LogBounds(replica.log.oldest_offset, replica.log.newest_offset, replica.high_watermark)
+        try:
+            return (
+                replica,
+                positions.start_offset(request, bounds, replica.log.offset_for_timestamp),
+                positions.stop_rule(request, bounds),
+            )
+        except positions.PositionError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except positions.EndOfStream as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+    async def _committed_chunks(
+        self, replica: PartitionReplica, offset: int, max_bytes: int, context
+    ) -> AsyncIterator[tuple[bytes, int]]:
+        """Committed entries from ``offset`` on, as stored, with the offset of the last one, until
+        the call ends; waits for more."""
+        while True:
+            try:
+                chunk = replica.read_committed_raw(offset, max_bytes)
+            except OffsetOutOfRange:
+                offset = replica.log.oldest_offset  # retention removed what we were about to read
+                continue
+            except CorruptEntry as exc:
+                log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
+                await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+            if chunk:
+                last = last_offset(chunk)
+                offset = last + 1
+                yield chunk, last
                 continue
             await self._end_of_data(replica, offset, context)
             await replica.wait_for_data(IDLE_RECHECK)
@@ -324,6 +338,29 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.FetchCursorResponse(offset=offset)
 
 
+class Data(data_pb2_grpc.DataServicer):
+    """bascule's batch data path: committed entries as stored, many per gRPC message."""
+
+    def __init__(self, api: API) -> None:
+        self.api = api
+
+    async def SubscribeBatches(self, request, context):
+        as_subscribe = api_pb2.SubscribeRequest(
+            stream=request.stream, partition=request.partition, startPosition=request.startPosition,
+            startOffset=request.startOffset, startTimestamp=request.startTimestamp,
+            readISRReplica=request.readISRReplica, stopPosition=request.stopPosition,
+            stopOffset=request.stopOffset, stopTimestamp=request.stopTimestamp,
+        )
+        replica, offset, stop = await self.api._open_subscription(as_subscribe, context)
+        max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
+        async for chunk, last in self.api._committed_chunks(replica, offset, max_bytes, context):
+            kept = stop.cut(chunk, last)
+            if kept:
+                yield data_pb2.EntryBatch(entries=kept)
+            if len(kept) < len(chunk) or stop.done_after(last):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop position reached")
+
+
 class PublishError(Exception):
     def __init__(self, status: grpc.StatusCode, message: str, async_code: str) -> None:
         super().__init__(message)
@@ -353,7 +390,9 @@ def bind(node: Node, host: str, port: int, tls: tuple[bytes, bytes] | None = Non
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ]
     )
-    api_pb2_grpc.add_APIServicer_to_server(API(node), server)
+    api = API(node)
+    api_pb2_grpc.add_APIServicer_to_server(api, server)
+    data_pb2_grpc.add_DataServicer_to_server(Data(api), server)
     admin_pb2_grpc.add_AdminServicer_to_server(Admin(node), server)
     address = f"{host}:{port}"
     if tls is None:

@@ -250,8 +250,14 @@ class PartitionReplica:
         hw = self.log.high_watermark
         if offset > hw:
             return []
-        entries = self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
-        return [e for e in entries if e.offset <= hw]
+        return self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
+
+    def read_committed_raw(self, offset: int, max_bytes: int) -> bytes:
+        """Stored bytes of committed entries from ``offset`` (CRC-checked), b"" when none."""
+        hw = self.log.high_watermark
+        if offset > hw:
+            return b""
+        return self.log.read_raw(offset, max_bytes, max_entries=hw - offset + 1)
 
     def sync(self) -> None:
         self.log.sync()

@@ -194,6 +194,18 @@ def _check_crc(
         )
 
 
+def last_offset(buf: bytes | bytearray | memoryview) -> int:
+    """Offset of the last entry of whole entries: the offset of the first plus their count - 1."""
+    count = 0
+    position = 0
+    size = len(buf)
+    first = ENTRY_HEADER.unpack_from(buf, 0)[0]
+    while position < size:
+        position += HEADER_SIZE + ENTRY_HEADER.unpack_from(buf, position)[3]
+        count += 1
+    return first + count - 1
+
+
 def valid_prefix(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
     """(length in bytes, number of entries) of the longest run of whole, intact entries."""
     length = count = 0
@@ -241,11 +253,23 @@ def _decode_body(
     value = bytes(view[position : position + value_length])
     position += value_length
     header_count = _UINT16.unpack_from(view, position)[0]
-    position += 2
-    headers = _decode_headers(view, position, end, offset, header_count) if header_count else {}
-    if not header_count and position != end:
-        raise CorruptEntry(f"entry at offset {offset} has {end - position} bytes after its value")
-    return key, value, headers
+    if not header_count:
+        if position + 2 != end:
+            raise CorruptEntry(f"entry at offset {offset} has {end - position - 2} bytes after its value")
+        return key, value, {}
+    # The header block runs to the end of the body; captured messages of one subject share it.
+    block = bytes(view[position:end])
+    headers = _decoded_header_blocks.get(block)
+    if headers is None:
+        headers = _decode_headers(view, position + 2, end, offset, header_count)
+        if len(_decoded_header_blocks) >= _HEADER_BLOCK_CACHE_SIZE:
+            _decoded_header_blocks.clear()
+        _decoded_header_blocks[block] = headers
+    return key, value, dict(headers)
+
+
+_HEADER_BLOCK_CACHE_SIZE = 4096
+_decoded_header_blocks: dict[bytes, dict[str, bytes]] = {}
 
 
 def _decode_headers(

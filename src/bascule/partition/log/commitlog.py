@@ -310,12 +310,12 @@ class CommitLog:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def read_raw(self, offset: int, max_bytes: int, check_crc: bool = True) -> bytes:
+    def read_raw(self, offset: int, max_bytes: int, check_crc: bool = True, max_entries: int = sys.maxsize) -> bytes:
         """Stored bytes of whole entries from ``offset``: at least one entry even if it is
         bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked: the
         bytes stop before a damaged entry, and reading from one raises CorruptEntry.
         ``check_crc=False`` is for bytes whose receiver checks them (replication)."""
-        return self._read_raw(offset, max_bytes, max_entries=sys.maxsize, check_crc=check_crc)
+        return self._read_raw(offset, max_bytes, max_entries=max_entries, check_crc=check_crc)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
         """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
