@@ -289,3 +289,23 @@ async def _batches(stub, request):
             yield message
     except grpc.aio.AioRpcError as exc:
         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_idle_partitions_auto_pause_and_publishing_resumes_them(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("quiet", "quiet")
+            stub = await client._leader_stub("quiet", 0)
+            request = api_pb2.CreateStreamRequest(name="sleepy", subject="sleepy")
+            request.autoPauseTime.value = 1500  # ms
+            await stub.CreateStream(request)
+            await client.publish("sleepy", b"1")
+            for _ in range(60):
+                if (await client.fetch_metadata("sleepy")).streams["sleepy"].partitions[0].paused:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await client.fetch_metadata("sleepy")).streams["sleepy"].partitions[0].paused
+            assert not (await client.fetch_metadata("quiet")).streams["quiet"].partitions[0].paused
+            assert (await client.publish("sleepy", b"2")).offset == 1
+            assert not (await client.fetch_metadata("sleepy")).streams["sleepy"].partitions[0].paused

@@ -206,6 +206,14 @@ class API(api_pb2_grpc.APIServicer):
     ) -> AsyncIterator[tuple[bytes, int]]:
         """Committed entries from ``offset`` on, as stored, with the offset of the last one, until
         the call ends; waits for more."""
+        replica.readers += 1
+        try:
+            async for chunk in self._chunks_from(replica, offset, max_bytes, context):
+                yield chunk
+        finally:
+            replica.readers -= 1
+
+    async def _chunks_from(self, replica: PartitionReplica, offset: int, max_bytes: int, context):
         while True:
             try:
                 chunk = replica.read_committed_raw(offset, max_bytes)

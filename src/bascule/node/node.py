@@ -47,6 +47,7 @@ REMOTE_ACK_TIMEOUT = 30.0
 NATS_DEFAULT_PORT = 4222
 REGISTRATION_WAIT = 10.0
 ADMIN_TIMEOUT = 2.0
+AUTO_PAUSE_CHECK_INTERVAL = 1.0
 
 
 @dataclass
@@ -58,6 +59,7 @@ class LocalPartition:
     endpoint: LeaderEndpoint | None = None
     follower: FollowerLoop | None = None
     isr_requests: set[tuple[str, bool]] = field(default_factory=set)
+    pause_requested: bool = False
 
 
 class Node:
@@ -121,6 +123,7 @@ class Node:
         self._spawn(self._periodic(HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks))
         self._spawn(self._periodic(self.config.streams.cleaner_interval, self._enforce_retention))
         self._spawn(self._periodic(self._isr_check_interval(), self._maintain_isrs))
+        self._spawn(self._periodic(AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause))
         sync_interval = self._sync_policy().interval
         if sync_interval:
             self._spawn(self._periodic(sync_interval, self._sync_partitions))
@@ -442,6 +445,38 @@ class Node:
             for replica_id, add in wanted - local.isr_requests:
                 local.isr_requests.add((replica_id, add))
                 self._spawn(self._change_isr(local, replica_id, add))
+
+    def _auto_pause(self) -> None:
+        """Pause led partitions that received nothing for their auto-pause time (Liftbridge's
+        streams.auto.pause.time); a publish through the API resumes them."""
+        for (stream_name, partition), local in self.partitions.items():
+            replica = local.replica
+            if not replica.is_leader or replica.paused or local.pause_requested:
+                continue
+            pause_after, unless_subscribed = self._auto_pause_settings(stream_name)
+            if not pause_after or replica.idle_for() < pause_after or (unless_subscribed and replica.readers):
+                continue
+            local.pause_requested = True
+            self._spawn(self._pause_idle(local, stream_name, partition))
+
+    def _auto_pause_settings(self, stream_name: str) -> tuple[float, bool]:
+        settings = self.read(lambda s: dict(s.streams[stream_name].settings) if stream_name in s.streams else {})
+        defaults = self.config.streams
+        default_time = self.config.cursors.stream_auto_pause_time if stream_name == CURSORS_STREAM else defaults.auto_pause_time
+        return (
+            settings.get("auto_pause_time", default_time),
+            settings.get("auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
+        )
+
+    async def _pause_idle(self, local: LocalPartition, stream_name: str, partition: int) -> None:
+        log.info("%s/%s: no messages for its auto-pause time, pausing", stream_name, partition)
+        try:
+            await self.metadata.call("pause", name=stream_name, partitions=[partition], resume_all=False,
+                                     at=time.time_ns())
+        except (MetadataError, NoMetadataLeader) as exc:
+            log.warning("auto-pause of %s/%s failed: %s", stream_name, partition, exc)
+        finally:
+            local.pause_requested = False
 
     async def _change_isr(self, local: LocalPartition, replica_id: str, add: bool) -> None:
         replica = local.replica

@@ -75,6 +75,8 @@ class PartitionReplica:
         self.tracker: IsrTracker | None = None  # set while this replica leads
         self.paused = False
         self.readonly = False
+        self.last_activity = clock()  # last append or leadership change, for auto-pause
+        self.readers = 0  # open subscriptions, for auto-pause's "not while subscribed"
         self._notify_followers = notify_followers
         self._pending: list[tuple[Record, asyncio.Future[Appended] | None]] = []
         self._flush_scheduled = False
@@ -110,6 +112,7 @@ class PartitionReplica:
             self._publish_high_watermark()
             return
         start_leader_epoch(self.log.epochs, leader_epoch, self.log.next_offset)
+        self.last_activity = now
         self.leader, self.leader_epoch = leader_id, leader_epoch
         self.tracker = IsrTracker(
             leader_id, leader_epoch, replicas, isr,
@@ -161,6 +164,7 @@ class PartitionReplica:
                 if future is not None and not future.done():
                     future.set_exception(exc)
             return
+        self.last_activity = self.clock()
         for offset, (record, future) in enumerate(pending, start=first):
             if future is not None and not future.done():
                 future.set_result(Appended(offset, record.timestamp))
@@ -184,6 +188,10 @@ class PartitionReplica:
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
         return self.log.epochs.end_offset_for(epoch, self.log.next_offset)
+
+    def idle_for(self) -> float:
+        """Seconds since the last append (or since leadership began)."""
+        return self.clock() - self.last_activity
 
     def isr_proposals(self) -> tuple[list[str], list[str]]:
         """(replicas to drop from the ISR, replicas to add) as this leader sees them now."""
