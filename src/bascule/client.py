@@ -44,8 +44,8 @@ class BasculeError(Exception):
         self.code, self.message = code, message
 
 
-@dataclass(frozen=True)
-class Message:
+@dataclass(slots=True)
+class Message:  # not frozen: built once per message read, and frozen dataclasses build slowly
     stream: str
     partition: int
     offset: int
