@@ -485,7 +485,8 @@ _WAITING = frozenset({
 
 # Frames every sample of an asyncio server passes through: left out of the inclusive ranking.
 _BOILERPLATE = ("<frozen runpy>", "asyncio/runners.py", "asyncio/base_events.py", "asyncio/events.py",
-                "bascule/cli.py", "bascule/node/server.py", "threading.py")
+                "bascule/cli.py", "bascule/node/server.py", "threading.py", "<module> (", "worker_main (",
+                "main (bascule/bench.py)")
 
 
 def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
@@ -493,6 +494,7 @@ def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
     self_counts: dict[str, int] = {}
     incl_counts: dict[str, int] = {}
     threads: dict[str, int] = {}
+    thread_use: dict[str, list[int]] = {}  # thread name -> [busy, waiting] samples
     total = everything = waiting = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -511,9 +513,12 @@ def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
             continue
         short = [_short_frame(f) for f in frames]
         everything += count
+        busy, idle = thread_use.setdefault(thread.split(": ", 1)[-1], [0, 0])
         if short[-1] in _WAITING:
             waiting += count
+            thread_use[thread.split(": ", 1)[-1]][1] += count
             continue
+        thread_use[thread.split(": ", 1)[-1]][0] += count
         total += count
         threads[thread] = threads.get(thread, 0) + count
         self_counts[short[-1]] = self_counts.get(short[-1], 0) + count
@@ -525,14 +530,18 @@ def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
         return [(k, v, 100.0 * v / total if total else 0.0)
                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
 
-    return {"samples": total, "all_samples": everything, "waiting_samples": waiting,
+    busy_share = {name: round(100.0 * b / (b + w), 1) for name, (b, w) in thread_use.items() if b + w}
+    return {"samples": total, "all_samples": everything, "waiting_samples": waiting, "busy_pct": busy_share,
             "self": ranked(self_counts), "inclusive": ranked(incl_counts), "threads": ranked(threads)}
 
 
 def format_profile(label: str, summary: dict[str, Any]) -> str:
-    lines = [f"== {label}: {summary['samples']} busy samples ({summary.get('waiting_samples', 0)} more "
-             f"waiting in select/poll/locks, left out); percentages are of the busy samples =="]
-    lines.append("threads:")
+    lines = [f"== {label}: {summary['samples']} busy samples (samples of threads waiting in select/poll/locks "
+             f"left out); percentages are of the busy samples =="]
+    if summary.get("busy_pct"):
+        lines.append("busy share of each thread's samples: " + ", ".join(
+            f"{name or '?'} {pct:.0f}%" for name, pct in summary["busy_pct"].items()))
+    lines.append("busy samples by thread:")
     lines += [f"  {pct:5.1f}%  {name or '(unnamed)'}" for name, _, pct in summary["threads"][:6]]
     lines.append("self time (leaf frames):")
     lines += [f"  {pct:5.1f}%  {name}" for name, _, pct in summary["self"]]
@@ -1183,7 +1192,7 @@ async def run_durable_r1(ctx: Context, system: str) -> list[dict[str, Any]]:
     """Capture and acked (window) rates with fsync before acks, one replica."""
     count = ctx.counts["durable"]
     capture = await capture_scenario(ctx, system, 1, "durable_r1", sync_always=True, count=count)
-    acked = await acked_scenario(ctx, system, 1, "durable_r1", sync_always=True, count=count, variants=("grpc",))
+    acked = await acked_scenario(ctx, system, 1, "durable_r1", sync_always=True, count=count)
     merged = []
     for cap, ack in zip(capture, acked):
         row: dict[str, Any] = {}
@@ -1191,11 +1200,13 @@ async def run_durable_r1(ctx: Context, system: str) -> list[dict[str, Any]]:
             row["error"] = "; ".join(x["error"] for x in (cap, ack) if "error" in x)
         row["capture_rate"] = cap.get("rate")
         row["capture_cpu_us_per_msg"] = cap.get("server_cpu_us_per_msg")
-        prefix = "grpc_" if system == BASCULE else ""
-        row["acked_rate"] = ack.get(f"{prefix}rate")
-        row["acked_p50_ms"] = ack.get(f"{prefix}p50_ms")
-        row["acked_p99_ms"] = ack.get(f"{prefix}p99_ms")
-        row["acked_cpu_us_per_msg"] = ack.get(f"{prefix}cpu_us_per_msg", ack.get("server_cpu_us_per_msg"))
+        # bascule's acked figures keep their grpc_/nats_ prefixes; JetStream's get an acked_ one
+        for key, value in ack.items():
+            if key in ("loadavg", "wall_s", "profiled", "error"):
+                continue
+            if system == JETSTREAM:
+                key = "acked_" + ("cpu_us_per_msg" if key == "server_cpu_us_per_msg" else key)
+            row[key] = value
         row["loadavg"], row["wall_s"] = ack.get("loadavg"), (cap.get("wall_s") or 0) + (ack.get("wall_s") or 0)
         if cap.get("profiled"):
             row["profiled"] = True
@@ -1631,8 +1642,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (BASCULE, JETSTREAM), run_consume_r3, ("rate", "first_ms", "server_cpu_us_per_msg"), True),
     Scenario("durable_r1", "durable R1: fsync before ack (sync=always / sync_interval: always)",
              (BASCULE, JETSTREAM), run_durable_r1,
-             ("capture_rate", "capture_cpu_us_per_msg", "acked_rate", "acked_p50_ms", "acked_p99_ms",
-              "acked_cpu_us_per_msg")),
+             ("capture_rate", "capture_cpu_us_per_msg",
+              ("grpc_rate", "grpc_rate", "acked_rate"), ("grpc_p50_ms", "grpc_p50_ms", "acked_p50_ms"),
+              ("grpc_p99_ms", "grpc_p99_ms", "acked_p99_ms"),
+              ("grpc_cpu_us_per_msg", "grpc_cpu_us_per_msg", "acked_cpu_us_per_msg"),
+              ("nats_rate", "nats_rate", "acked_rate"), ("nats_p50_ms", "nats_p50_ms", "acked_p50_ms"),
+              ("nats_p99_ms", "nats_p99_ms", "acked_p99_ms"),
+              ("nats_cpu_us_per_msg", "nats_cpu_us_per_msg", "acked_cpu_us_per_msg"))),
     Scenario("ceiling", "ceiling: one nats-py process receiving from another (no stream)",
              (NATS,), run_ceiling, ("rate", "publish_rate")),
     Scenario("failover", "failover: SIGKILL of the partition/stream leader, until an ack-ALL publish succeeds",
@@ -1732,39 +1748,49 @@ def summarize(report: dict[str, Any]) -> None:
         summary = []
         for row in rows:
             label, b_metric, j_metric = row if isinstance(row, tuple) else (row, row, row)
-            medians = {}
+            medians, spreads = {}, {}
             for system, trials in entry["trials"].items():
                 counted = [t for t in trials if not t.get("profiled")]
                 metric = j_metric if system == JETSTREAM else b_metric
-                medians[system] = _median(t.get(metric) for t in counted)
+                values = [t[metric] for t in counted if isinstance(t.get(metric), (int, float))]
+                medians[system] = _median(values)
+                if len(values) > 1 and medians[system]:
+                    spreads[system] = (max(values) - min(values)) / abs(medians[system])
             if all(v is None for v in medians.values()):
                 continue
             b, j = medians.get(BASCULE), medians.get(JETSTREAM)
             unit, higher = _metric_info(b_metric)
             summary.append({"metric": label, "bascule_metric": b_metric, "jetstream_metric": j_metric,
                             "unit": unit, "higher_is_better": higher, "medians": medians,
+                            "spread": spreads,
                             "ratio": (b / j) if b is not None and j else None})
         entry["summary"] = summary
 
 
 def format_table(report: dict[str, Any]) -> str:
     out = []
-    header = f"{'scenario':<11} {'metric':<24} {'unit':<11} {'bascule':>12} {'JetStream':>12} {'NATS':>12} {'b/JS':>7}"
+    header = (f"{'scenario':<11} {'metric':<22} {'unit':<11} {'bascule':>17} {'JetStream':>17} {'NATS':>17} "
+              f"{'b/JS':>7}")
     out.append(header)
     out.append("-" * len(header))
     for name, entry in report["scenarios"].items():
         errors = sum(1 for trials in entry["trials"].values() for t in trials if "error" in t)
         for row in entry.get("summary", []):
-            med = row["medians"]
-            cells = [_fmt(med.get(s)) if med.get(s) is not None else "-" for s in (BASCULE, JETSTREAM, NATS)]
+            med, spread = row["medians"], row.get("spread", {})
+            cells = []
+            for s in (BASCULE, JETSTREAM, NATS):
+                cell = _fmt(med.get(s)) if med.get(s) is not None else "-"
+                if s in spread:
+                    cell += f" ±{min(999, round(50 * spread[s]))}%"
+                cells.append(cell)
             ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
             better = "" if row["ratio"] is None else ("^" if row["higher_is_better"] else "v")
-            out.append(f"{name:<11} {row['metric']:<24} {row['unit']:<11} {cells[0]:>12} {cells[1]:>12} "
-                       f"{cells[2]:>12} {ratio:>6}{better}")
+            out.append(f"{name:<11} {row['metric']:<22} {row['unit']:<11} {cells[0]:>17} {cells[1]:>17} "
+                       f"{cells[2]:>17} {ratio:>6}{better}")
         if errors:
             out.append(f"{name:<11} ({errors} failed trial(s): see the log or --json)")
-    out.append("medians over the counted trials; b/JS = bascule / JetStream "
-               "(^ higher is better for bascule, v lower is better)")
+    out.append("medians over the counted trials, ±half the range (max-min) as % of the median; "
+               "b/JS = bascule / JetStream (^ higher is better, v lower is better)")
     return "\n".join(out)
 
 

@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +34,7 @@ from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_er
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
-from bascule.partition.replica import Appended, NotLeader, PartitionClosed, PartitionReplica, SyncPolicy
+from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica, SyncPolicy
 from bascule.partition.subjects import Subjects
 from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
@@ -82,6 +83,8 @@ class Node:
         self._ack_prefix = ""
         self._ack_waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
         self._ack_sequence = 0
+        self._outgoing_acks: list[tuple[str, bytes]] = []
+        self._acks_publishing = False
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -560,45 +563,60 @@ class Node:
             try:
                 for subject, reply, payload in deliveries:
                     record, ack = capture.record_from_nats(payload, subject, reply)
-                    appended = replica.submit(record, want_offset=ack is not None)
-                    if ack is not None:
-                        appended.add_done_callback(
-                            lambda done, ack=ack: self._spawn(self._send_ack(local, done, ack))
-                        )
+                    if ack is None:
+                        replica.submit(record)
+                    else:
+                        replica.submit(record, partial(self._captured_write, local, ack, time.time_ns()))
             except (NotLeader, PartitionClosed) as exc:
                 log.warning("dropping messages on %s: %s", local.subject, exc)
 
         return on_messages
 
-    async def _send_ack(
-        self, local: LocalPartition, done: asyncio.Future[Appended], request: capture.AckRequest
+    def _captured_write(
+        self, local: LocalPartition, request: capture.AckRequest, reception_ns: int,
+        offset: int | None, error: BaseException | None,
     ) -> None:
-        if done.exception() is not None:
+        if error is not None:
             return  # no ack: the publisher's timeout tells it the write did not happen
-        appended = done.result()
         if request.policy == capture.ALL:
-            try:
-                await local.replica.wait_committed(appended.offset)
-            except Exception:
-                return  # leadership lost before commit: no ack, the publisher retries
-        ack = capture.ack_message(
-            local.replica.stream, local.subject, appended.offset, request,
-            appended.reception_ns, time.time_ns(),
-        )
-        await self.nats.publish(request.inbox, capture.encode_ack(ack))
+            local.replica.when_committed(offset, partial(self._captured_commit, local, request, reception_ns))
+        else:
+            self._queue_ack(local, request, reception_ns, offset)
+
+    def _captured_commit(
+        self, local: LocalPartition, request: capture.AckRequest, reception_ns: int,
+        offset: int | None, error: BaseException | None,
+    ) -> None:
+        if error is None:
+            self._queue_ack(local, request, reception_ns, offset)
+
+    def _queue_ack(self, local: LocalPartition, request: capture.AckRequest, reception_ns: int, offset: int) -> None:
+        ack = capture.ack_message(local.replica.stream, local.subject, offset, request, reception_ns, time.time_ns())
+        self._outgoing_acks.append((request.inbox, capture.encode_ack(ack)))
+        if not self._acks_publishing:
+            self._acks_publishing = True
+            self._spawn(self._publish_acks())
+
+    async def _publish_acks(self) -> None:
+        """Publish every queued ack in one task: a task per ack costs more than the ack."""
+        try:
+            while self._outgoing_acks:
+                acks, self._outgoing_acks = self._outgoing_acks, []
+                for inbox, data in acks:
+                    await self.nats.publish(inbox, data)
+        finally:
+            self._acks_publishing = False
 
     async def publish_local(
         self, local: LocalPartition, record: Record, policy: int, correlation_id: str, msg_subject: str,
     ) -> api_pb2.Ack:
         """Append to a partition this node leads and wait as the ack policy asks."""
         reception = time.time_ns()
-        appended = await local.replica.submit(record, want_offset=True)
+        offset = await local.replica.append(record)
         if policy == capture.ALL:
-            await local.replica.wait_committed(appended.offset)
+            await local.replica.wait_committed(offset)
         request = capture.AckRequest("", correlation_id, policy, msg_subject)
-        return capture.ack_message(
-            local.replica.stream, local.subject, appended.offset, request, reception, time.time_ns()
-        )
+        return capture.ack_message(local.replica.stream, local.subject, offset, request, reception, time.time_ns())
 
     async def _on_ack(self, msg: Msg) -> None:
         waiter = self._ack_waiters.pop(msg.subject, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterable
 
 from bascule.partition.log import CommitLog
@@ -47,12 +48,9 @@ class SyncPolicy:
         return cls(interval=float(value))
 
 
-@dataclass
-class Appended:
-    """Where a record landed, resolved once written (and synced if the policy says so)."""
-
-    offset: int
-    reception_ns: int
+# Told the outcome of a write or of a commit: (offset, None) on success, (None, error) otherwise.
+# Callbacks instead of futures, because capture asks for one per acked message.
+Outcome = Callable[[int | None, BaseException | None], None]
 
 
 class PartitionReplica:
@@ -78,7 +76,7 @@ class PartitionReplica:
         self.last_activity = clock()  # last append or leadership change, for auto-pause
         self.readers = 0  # open subscriptions, for auto-pause's "not while subscribed"
         self._notify_followers = notify_followers
-        self._pending: list[tuple[Record, asyncio.Future[Appended] | None]] = []
+        self._pending: list[tuple[Record, Outcome | None]] = []
         self._flush_scheduled = False
         self._acks = PendingAcks()
         self._data_changed = asyncio.Event()
@@ -136,18 +134,23 @@ class PartitionReplica:
 
     # ---- leader: appends, fetches, acks -------------------------------------------------------
 
-    def submit(self, record: Record, want_offset: bool) -> asyncio.Future[Appended] | None:
-        """Queue a record for this turn's append; the future resolves once it is written."""
+    def submit(self, record: Record, on_written: Outcome | None = None) -> None:
+        """Queue a record for this turn's append; ``on_written`` learns its offset once written
+        (and synced, under the ``always`` policy)."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
         if self.tracker is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        future = self._loop.create_future() if want_offset else None
-        self._pending.append((record, future))
+        self._pending.append((record, on_written))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        return future
+
+    async def append(self, record: Record) -> int:
+        """Append one record and return its offset once written."""
+        written: asyncio.Future[int] = self._loop.create_future()
+        self.submit(record, partial(_settle, written))
+        return await written
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -160,14 +163,14 @@ class PartitionReplica:
                 self.log.sync()
         except Exception as exc:
             log.exception("append to %s/%s failed", self.stream, self.partition)
-            for _, future in pending:
-                if future is not None and not future.done():
-                    future.set_exception(exc)
+            for _, on_written in pending:
+                if on_written is not None:
+                    on_written(None, exc)
             return
         self.last_activity = self.clock()
-        for offset, (record, future) in enumerate(pending, start=first):
-            if future is not None and not future.done():
-                future.set_result(Appended(offset, record.timestamp))
+        for offset, (_, on_written) in enumerate(pending, start=first):
+            if on_written is not None:
+                on_written(offset, None)
         waiting = self.tracker.leader_appended(self.log.next_offset)
         if waiting:
             self._notify_followers(self, waiting)
@@ -211,18 +214,23 @@ class PartitionReplica:
             if waiting:
                 self._notify_followers(self, waiting)
 
+    def when_committed(self, offset: int, on_committed: Outcome) -> None:
+        """Call ``on_committed(offset, None)`` once ``offset`` is committed, or (None, error) if
+        leadership is lost first."""
+        if offset <= self.log.high_watermark:
+            on_committed(offset, None)
+        else:
+            self._acks.add(offset, on_committed)
+
     async def wait_committed(self, offset: int) -> None:
         """Wait until ``offset`` is committed (raises NotLeader if leadership is lost first)."""
-        if offset <= self.log.high_watermark:
-            return
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._acks.add(offset, future)
-        await future
+        committed: asyncio.Future[int] = self._loop.create_future()
+        self.when_committed(offset, partial(_settle, committed))
+        await committed
 
     def _committed(self, hw: int) -> None:
-        for _, future in self._acks.release(hw):
-            if not future.done():
-                future.set_result(None)
+        for offset, on_committed in self._acks.release(hw):
+            on_committed(offset, None)
         self._wake_readers()
 
     # ---- follower: applying the Follower machine's actions -------------------------------------
@@ -271,12 +279,11 @@ class PartitionReplica:
         self.log.sync()
 
     def _fail_pending(self, error: Exception) -> None:
-        for _, future in self._acks.fail_all():
-            if not future.done():
-                future.set_exception(error)
-        for _, future in self._pending:
-            if future is not None and not future.done():
-                future.set_exception(error)
+        for _, on_committed in self._acks.fail_all():
+            on_committed(None, error)
+        for _, on_written in self._pending:
+            if on_written is not None:
+                on_written(None, error)
         self._pending = []
 
     def close(self) -> None:
@@ -288,3 +295,12 @@ class PartitionReplica:
         self._wake_readers()
         self.log.checkpoint_high_watermark()
         self.log.close()
+
+
+def _settle(future: asyncio.Future[int], offset: int | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(offset)

@@ -251,62 +251,45 @@ async def resolve(
 # ---- reading -------------------------------------------------------------------------------------
 
 
-class _Columns:
-    """Messages of one partition gathered column by column, then cut into Arrow record batches."""
+def _record_batch(messages: list[Message], stream: str, partition: int, schema: Any) -> Any:
+    """Messages of one partition as one Arrow record batch of `schema` (bascule's columns, or a subset)."""
+    import pyarrow as pa
 
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes] = []
-        self.subjects: list[str] = []
-        self.header_offsets: list[int] = [0]
-        self.header_names: list[str] = []
-        self.header_values: list[bytes] = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(self, message: Message) -> None:
-        self.offsets.append(message.offset)
-        self.timestamps.append(message.timestamp)
-        self.keys.append(message.key)
-        self.values.append(message.value)
-        self.subjects.append(message.subject)
-        headers = message.headers
-        if headers:
-            self.header_names.extend(headers)
-            self.header_values.extend(headers.values())
-        self.header_offsets.append(len(self.header_names))
-
-    def batch(self, stream: str, partition: int, schema: Any) -> Any:
-        import pyarrow as pa
-
-        n = len(self.offsets)
-        columns = {
-            "stream": pa.array([stream] * n, pa.string()),
-            "partition": pa.array([partition] * n, pa.int32()),
-            "offset": pa.array(self.offsets, pa.int64()),
-            "key": pa.array(self.keys, pa.binary()),
-            "value": pa.array(self.values, pa.binary()),
-            # Spark timestamps are microseconds: bascule's nanoseconds truncated.
-            "timestamp": pa.array(self.timestamps, pa.timestamp("ns", tz="UTC")).cast(
-                pa.timestamp("us", tz="UTC"), safe=False
-            ),
-            "subject": pa.array(self.subjects, pa.string()),
-        }
-        if "headers" in schema.names:
-            columns["headers"] = pa.MapArray.from_arrays(
-                pa.array(self.header_offsets, pa.int32()),
-                pa.array(self.header_names, pa.string()),
-                pa.array(self.header_values, pa.binary()),
-                type=schema.field("headers").type,
-            )
-        self.clear()
-        return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+    n = len(messages)
+    names = schema.names
+    columns: dict[str, Any] = {}
+    if "stream" in names:
+        columns["stream"] = pa.array([stream] * n, pa.string())
+    if "partition" in names:
+        columns["partition"] = pa.array([partition] * n, pa.int32())
+    if "offset" in names:
+        columns["offset"] = pa.array([m.offset for m in messages], pa.int64())
+    if "key" in names:
+        columns["key"] = pa.array([m.key for m in messages], pa.binary())
+    if "value" in names:
+        columns["value"] = pa.array([m.value for m in messages], pa.binary())
+    if "timestamp" in names:
+        # Spark timestamps are microseconds: bascule's nanoseconds truncated.
+        columns["timestamp"] = pa.array([m.timestamp for m in messages], pa.timestamp("ns", tz="UTC")).cast(
+            pa.timestamp("us", tz="UTC"), safe=False
+        )
+    if "subject" in names:
+        columns["subject"] = pa.array([m.subject for m in messages], pa.string())
+    if "headers" in names:
+        ends, header_names, header_values = [0], [], []
+        for m in messages:
+            headers = m.headers
+            if headers:
+                header_names.extend(headers)
+                header_values.extend(headers.values())
+            ends.append(len(header_names))
+        columns["headers"] = pa.MapArray.from_arrays(
+            pa.array(ends, pa.int32()),
+            pa.array(header_names, pa.string()),
+            pa.array(header_values, pa.binary()),
+            type=schema.field("headers").type,
+        )
+    return pa.RecordBatch.from_arrays([columns[name] for name in names], schema=schema)
 
 
 def _loss(options: ReadOptions, r: OffsetRange, first_missing: int, last_missing: int, why: str) -> None:
@@ -322,15 +305,59 @@ def _loss(options: ReadOptions, r: OffsetRange, first_missing: int, last_missing
     log.warning("%s; skipping them (failOnDataLoss is false)", text)
 
 
+class _RangeReader:
+    """One subscription's worth of a range: fills `batch` until it is full or the subscription ends."""
+
+    def __init__(self, options: ReadOptions, r: OffsetRange, expected: int, messages: AsyncIterator[Message]) -> None:
+        self.options, self.r, self.expected, self.messages = options, r, expected, messages
+        self.batch: list[Message] = []
+        self.ended = False
+
+    async def fill(self) -> None:
+        """Until the batch is full or the subscription is over (`ended`). Raises TimeoutError when no
+        message came for pollTimeoutMs; the deadline moves on (about once a second) as messages come."""
+        loop = asyncio.get_running_loop()
+        timeout = self.options.poll_timeout_ms / 1000
+        limit, r, batch, messages = self.options.max_batch_rows, self.r, self.batch, self.messages
+        expected, end = self.expected, r.end
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                move_at = loop.time() + 1.0
+                while len(batch) < limit:
+                    try:
+                        message = await messages.__anext__()
+                    except StopAsyncIteration:
+                        self.ended = True
+                        return
+                    offset = message.offset
+                    if offset != expected:
+                        if offset < expected:
+                            continue
+                        if offset >= end:
+                            self.ended = True
+                            return
+                        if r.strict_start or expected > r.start:
+                            _loss(self.options, r, expected, offset - 1, "the log skips over them")
+                    batch.append(message)
+                    expected = offset + 1
+                    if expected >= end:
+                        self.ended = True
+                        return
+                    now = loop.time()
+                    if now > move_at:
+                        deadline.reschedule(now + timeout)
+                        move_at = now + 1.0
+        finally:
+            self.expected = expected
+
+
 async def read_range(options: ReadOptions, r: OffsetRange, schema: Any) -> AsyncIterator[Any]:
     """The committed messages r.start .. r.end-1 of one partition, as Arrow record batches.
 
     Messages missing at the start of a range that begins at "earliest" are skipped quietly; any
     other missing offset is data loss (`failOnDataLoss`). A leader change or a node restart
     resumes the subscription, from the next offset, on a fresh client."""
-    columns = _Columns()
     expected = r.start
-    poll_timeout = options.poll_timeout_ms / 1000
     delay, attempt = 0.2, 0
     while expected < r.end:
         client = await connect(options.brokers, options.request_timeout)
@@ -338,33 +365,33 @@ async def read_range(options: ReadOptions, r: OffsetRange, schema: Any) -> Async
             r.stream, r.partition, offset=expected, stop_offset=r.end - 1,
             read_isr_replica=options.read_isr_replica,
         )
+        reader = _RangeReader(options, r, expected, messages)
         try:
-            while True:
+            while not reader.ended:
                 try:
-                    message = await asyncio.wait_for(messages.__anext__(), poll_timeout)
-                except StopAsyncIteration:
-                    break
-                except asyncio.TimeoutError:
+                    await reader.fill()
+                except TimeoutError:
+                    expected = reader.expected
+                    if reader.batch:
+                        yield _record_batch(reader.batch, r.stream, r.partition, schema)
+                        reader.batch = []
                     await _timed_out(client, options, r, expected)
                     return
-                if message.offset < expected:
-                    continue
-                if message.offset >= r.end:
-                    break
-                if message.offset > expected:
-                    if r.strict_start or expected > r.start:
-                        _loss(options, r, expected, message.offset - 1, "the log skips over them")
-                expected = message.offset + 1
-                columns.add(message)
-                if len(columns) >= options.max_batch_rows:
-                    yield columns.batch(r.stream, r.partition, schema)
+                if reader.batch:
+                    batch, reader.batch = reader.batch, []
+                    yield _record_batch(batch, r.stream, r.partition, schema)
+            expected = reader.expected
             if expected < r.end:
-                # The subscription ended (its stop offset reached) before reaching the range's end:
-                # the messages in between are not in the log any more.
+                # The subscription ended (its stop offset reached) before the range's end: the
+                # messages in between are not in the log any more.
                 if r.strict_start or expected > r.start:
                     _loss(options, r, expected, r.end - 1, "the log no longer has them")
                 expected = r.end
         except BasculeError as exc:
+            expected = reader.expected
+            if reader.batch:
+                batch, reader.batch = reader.batch, []
+                yield _record_batch(batch, r.stream, r.partition, schema)
             if exc.code == grpc.StatusCode.NOT_FOUND:
                 _loss(options, r, expected, r.end - 1, f"the partition is gone: {exc.message}")
                 expected = r.end
@@ -380,8 +407,6 @@ async def read_range(options: ReadOptions, r: OffsetRange, schema: Any) -> Async
         finally:
             await messages.aclose()
             await client.close()
-    if len(columns):
-        yield columns.batch(r.stream, r.partition, schema)
 
 
 async def _timed_out(client: Client, options: ReadOptions, r: OffsetRange, expected: int) -> None:

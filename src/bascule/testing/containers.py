@@ -1,0 +1,495 @@
+"""bascule in containers for tests, through testcontainers: one node (`BasculeContainer`) or a cluster of
+nodes on their own NATS server and private network (`BasculeCluster`).
+
+The images are made by ``compose/podman-setup.sh`` (which also starts podman's Docker-API service and prints
+the environment to use); `BASCULE_IMAGE` and `BASCULE_NATS_IMAGE` name them, by default
+``localhost/bascule:latest`` and ``localhost/bascule-nats:latest``. With podman, call `use_podman()` before
+the first container (it sets what testcontainers needs: DOCKER_HOST, no Ryuk, docker_host connection mode).
+
+    from bascule.testing.containers import BasculeCluster, BasculeContainer, use_podman
+
+    use_podman()
+    with BasculeContainer() as node:
+        client = Client(node.get_broker())           # 127.0.0.1:<port>
+        nats_url = node.get_nats_url()               # the node's embedded NATS, nats://127.0.0.1:<port>
+
+    with BasculeCluster(3) as cluster:
+        cluster.brokers                              # ["127.0.0.1:<port>", ...]
+        cluster.kill(0)                              # SIGKILL node 0's container
+        cluster.restart(0)                           # start it again: same addresses, same data
+
+Addresses: each node's gRPC API listens inside its container on the same port number as the one published
+on the host's 127.0.0.1, and the node advertises 127.0.0.1:<port>. So the broker addresses in the cluster
+metadata are the ones a client on the host connects to, as Liftbridge clients (which connect to partition
+leaders by their advertised address) need. Nothing is published on other interfaces.
+
+Without Ryuk nothing reaps containers left by an interrupted run: everything made here carries the label
+`LABEL`, and `remove_leftovers()` removes all such containers and networks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+from docker import version as docker_api_version
+from docker.types import EndpointConfig
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
+
+from bascule.testing.local import LocalProcessError, _flat_config, free_port
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DEFAULT_NATS_IMAGE",
+    "LABEL",
+    "BasculeCluster",
+    "BasculeContainer",
+    "ContainerError",
+    "NatsContainer",
+    "default_image",
+    "default_nats_image",
+    "remove_leftovers",
+    "use_podman",
+]
+
+DEFAULT_IMAGE = "localhost/bascule:latest"
+DEFAULT_NATS_IMAGE = "localhost/bascule-nats:latest"
+PODMAN_SOCKET = "/run/podman/podman.sock"
+LABEL = "io.github.bascule.testing"
+LOOPBACK = "127.0.0.1"
+NATS_PORT = 4222
+RAFT_PORT = 9393
+CONFIG_PATH = "/etc/bascule/testing.yaml"
+NATS_CONFIG_PATH = "/etc/bascule/testing-nats.conf"
+DATA_DIR = "/var/lib/bascule"
+DEFAULT_READY_TIMEOUT = 60.0
+
+
+class ContainerError(LocalProcessError):
+    """A container did not start, exited, or did not get ready in time (the message ends with its log)."""
+
+
+def default_image() -> str:
+    return os.environ.get("BASCULE_IMAGE") or DEFAULT_IMAGE
+
+
+def default_nats_image() -> str:
+    return os.environ.get("BASCULE_NATS_IMAGE") or DEFAULT_NATS_IMAGE
+
+
+def use_podman(socket: str = PODMAN_SOCKET) -> None:
+    """Point testcontainers at podman's Docker API at `socket`, keeping settings already in the environment.
+
+    testcontainers reads some of these variables when it is imported: they are set on its live
+    configuration too, so calling this after the import works.
+    """
+    os.environ.setdefault("DOCKER_HOST", f"unix://{socket}")
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # the Ryuk image cannot be pulled
+    # /.dockerenv may exist on the host, and podman's container list lacks HostConfig: pick the mode.
+    os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
+    from testcontainers.core.config import ConnectionMode, testcontainers_config
+
+    testcontainers_config.ryuk_disabled = os.environ["TESTCONTAINERS_RYUK_DISABLED"].lower() == "true"
+    testcontainers_config.connection_mode_override = ConnectionMode(os.environ["TESTCONTAINERS_CONNECTION_MODE"])
+
+
+def remove_leftovers() -> int:
+    """Remove every container and network labelled `LABEL` (left by runs that could not clean up);
+    returns how many containers were removed."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        containers = client.containers.list(all=True, filters={"label": LABEL})
+        for container in containers:
+            container.remove(force=True, v=True)
+        for network in client.networks.list(filters={"label": LABEL}):
+            network.remove()
+        return len(containers)
+    finally:
+        client.close()
+
+
+def _labels(**extra: str) -> dict[str, str]:
+    return {LABEL: "true", **extra}
+
+
+def _publish_on_loopback(container: DockerContainer, port: int, host_port: int | None) -> None:
+    # with_bind_ports takes no host address; docker-py takes (address,) or (address, port) tuples.
+    container.ports[f"{port}/tcp"] = (LOOPBACK, host_port) if host_port else (LOOPBACK,)  # type: ignore[assignment]
+
+
+class _Node(DockerContainer):
+    """A container that can be killed, stopped and started again (DockerContainer.stop removes it)."""
+
+    def _wrapped(self):
+        container = self.get_wrapped_container()
+        if container is None:
+            raise ContainerError(f"{self._describe()} was never started")
+        return container
+
+    def _describe(self) -> str:
+        return f"container {self._name or self.image}"
+
+    def state(self) -> str:
+        """The container's status as the engine reports it now: created, running, exited, ..."""
+        container = self._wrapped()
+        container.reload()
+        return container.status
+
+    @property
+    def running(self) -> bool:
+        return self._container is not None and self.state() == "running"
+
+    def logs(self, lines: int | None = None) -> str:
+        """The container's output (stdout and stderr together), the last `lines` lines if given."""
+        if self._container is None:
+            return "(not started)"
+        try:
+            text = self._wrapped().logs(stdout=True, stderr=True).decode(errors="replace")
+        except Exception as exc:  # noqa: BLE001 - for error messages only
+            return f"(no logs: {exc})"
+        return "\n".join(text.splitlines()[-lines:]) if lines else text
+
+    def _error(self, message: str, lines: int = 40) -> ContainerError:
+        return ContainerError(f"{message}\n--- last {lines} lines of {self._describe()} ---\n{self.logs(lines)}")
+
+    def kill(self) -> None:
+        """SIGKILL the container's processes; it stays, with its data, to be started again."""
+        if self.running:
+            self._wrapped().kill()
+        self._wait_status({"exited", "stopped"})
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; the container stays, to be started again."""
+        if self.running:
+            self._wrapped().stop(timeout=max(1, round(timeout)))
+        self._wait_status({"exited", "stopped"})
+
+    def start_again(self) -> None:
+        """Start the stopped container (same name, network alias, published ports and data)."""
+        self._wrapped().start()
+        self._wait_status({"running"})
+
+    def _wait_status(self, statuses: set[str], timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (status := self.state()) not in statuses:
+            if time.monotonic() > deadline:
+                raise self._error(f"{self._describe()} is {status}, not {'/'.join(sorted(statuses))}")
+            time.sleep(0.05)
+
+
+class NatsContainer(_Node):
+    """nats-server alone (the NATS image), published on 127.0.0.1; on a network, reachable as `alias`."""
+
+    def __init__(
+        self, image: str | None = None, *, network: Network | None = None, alias: str = "nats",
+        name: str | None = None,
+    ) -> None:
+        super().__init__(image or default_nats_image())
+        self.with_command(["--name", alias, "--port", str(NATS_PORT)])
+        self.with_kwargs(labels=_labels(role="nats"))
+        _publish_on_loopback(self, NATS_PORT, None)
+        if network is not None:
+            self.with_network(network).with_network_aliases(alias)
+        if name:
+            self.with_name(name)
+        self.alias = alias
+        self._url: str | None = None
+
+    def start(self, timeout: float = 20.0) -> NatsContainer:
+        super().start()
+        deadline = time.monotonic() + timeout
+        while "Server is ready" not in self.logs():
+            if self.state() not in ("running", "created"):
+                raise self._error("nats-server exited")
+            if time.monotonic() > deadline:
+                raise self._error(f"nats-server not ready after {timeout:.0f} s")
+            time.sleep(0.05)
+        # Read once: a stopped container's mapped ports cannot be read.
+        self._url = f"nats://{LOOPBACK}:{self.get_exposed_port(NATS_PORT)}"
+        return self
+
+    def get_url(self) -> str:
+        """nats://127.0.0.1:<published port>, for clients on the host."""
+        if self._url is None:
+            raise ContainerError("nats-server has not been started")
+        return self._url
+
+
+class BasculeContainer(_Node):
+    """One bascule node in a container.
+
+    Alone (the default) it runs its own NATS (``--embedded-nats``, published on 127.0.0.1, see
+    `get_nats_url`) and bootstraps Raft as the seed. `BasculeCluster` makes nodes with `nats_servers`,
+    `raft_listen` and `raft_peers` instead.
+
+    port: the gRPC port, the same inside the container and on the host's 127.0.0.1 (default: a free one).
+    config: more settings for the node's YAML configuration (nested or dotted keys), such as
+    ``{"clustering.replica.max.lag.time": "3s"}``. extra_args: more ``bascule server`` flags.
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        server_id: str = "bascule",
+        port: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        nats_servers: Sequence[str] | None = None,
+        raft_listen: str | None = None,
+        raft_peers: Sequence[str] = (),
+        network: Network | None = None,
+        alias: str | None = None,
+        ipv4_address: str | None = None,
+        sysctls: Mapping[str, str] | None = None,
+        name: str | None = None,
+        level: str = "info",
+        extra_args: Sequence[str] = (),
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    ) -> None:
+        super().__init__(image or default_image())
+        self.server_id = server_id
+        self.port = port or free_port(LOOPBACK)
+        self.embedded_nats = not nats_servers
+        self.ready_timeout = ready_timeout
+        settings = {
+            "listen": f"0.0.0.0:{self.port}",
+            "host": LOOPBACK,  # advertised: clients on the host connect to 127.0.0.1:<port>
+            "data.dir": DATA_DIR,
+            **_flat_config(config),
+        }
+        command = ["server", "--config", CONFIG_PATH, "--id", server_id, "--level", level]
+        if self.embedded_nats:
+            command += ["--embedded-nats-config", NATS_CONFIG_PATH]
+            self.with_copy_into_container(f"listen: 0.0.0.0:{NATS_PORT}\n".encode(), NATS_CONFIG_PATH)
+            _publish_on_loopback(self, NATS_PORT, None)
+        else:
+            command += ["--nats-servers", ",".join(nats_servers)]
+        if raft_listen:
+            command += ["--raft-listen", raft_listen]
+        if raft_peers:
+            command += ["--raft-bootstrap-peers", ",".join(raft_peers)]
+        else:
+            command.append("--raft-bootstrap-seed")
+        command += list(extra_args)
+        self.with_command(command)
+        self.with_copy_into_container(yaml.safe_dump(settings, sort_keys=False).encode(), CONFIG_PATH)
+        _publish_on_loopback(self, self.port, self.port)
+        kwargs: dict[str, Any] = {"labels": _labels(role="bascule", server_id=server_id)}
+        if sysctls:
+            kwargs["sysctls"] = dict(sysctls)
+        if network is not None:
+            self.with_network(network)
+            if alias:
+                self.with_network_aliases(alias)
+            if ipv4_address:
+                # testcontainers passes no address: its networking_config is replaced by this one.
+                endpoint = EndpointConfig(
+                    docker_api_version.__version__, aliases=[alias] if alias else None, ipv4_address=ipv4_address
+                )
+                kwargs["networking_config"] = {network.name: endpoint}
+        self.with_kwargs(**kwargs)
+        if name:
+            self.with_name(name)
+        self._nats_url: str | None = None
+
+    def _describe(self) -> str:
+        return f"bascule node {self.server_id} at {self.get_broker()}"
+
+    def start(self, wait: bool = True) -> BasculeContainer:
+        """Create and start the container; with `wait`, until its API lists this broker."""
+        super().start()
+        if self.embedded_nats:
+            # Read now: a stopped container's mapped ports cannot be read.
+            self._nats_url = f"nats://{LOOPBACK}:{self.get_exposed_port(NATS_PORT)}"
+        if wait:
+            self.wait_ready()
+        return self
+
+    def get_broker(self) -> str:
+        """The gRPC API's address for clients on the host: 127.0.0.1:<port>."""
+        return f"{LOOPBACK}:{self.port}"
+
+    def get_nats_url(self) -> str:
+        """The embedded NATS server's URL for clients on the host (single node only)."""
+        if not self.embedded_nats:
+            raise ContainerError(f"{self._describe()} has no embedded NATS; ask its cluster for nats_url")
+        if self._nats_url is None:
+            raise ContainerError(f"{self._describe()} has not been started")
+        return self._nats_url
+
+    def wait_ready(self, timeout: float | None = None, brokers: Sequence[str] = ()) -> None:
+        """Until FetchMetadata lists this node's broker id and every id in `brokers`."""
+        import grpc
+
+        from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+        timeout = self.ready_timeout if timeout is None else timeout
+        expected = {self.server_id, *brokers}
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
+        with grpc.insecure_channel(self.get_broker(), options=options) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            while True:
+                if self.state() != "running":
+                    raise self._error(f"{self._describe()} exited before it was ready")
+                try:
+                    response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
+                    listed = {broker.id for broker in response.brokers}
+                    if expected <= listed:
+                        return
+                    last = f"FetchMetadata lists {sorted(listed)}, waiting for {sorted(expected - listed)}"
+                except grpc.RpcError as exc:
+                    last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
+                if time.monotonic() > deadline:
+                    raise self._error(f"{self._describe()} not ready after {timeout:.0f} s; last: {last}")
+                time.sleep(0.2)
+
+    def restart(self, wait: bool = True, *, graceful: bool = True, brokers: Sequence[str] = ()) -> None:
+        """Stop (SIGTERM, or SIGKILL when not `graceful`) if running, start again; with `wait`, until ready."""
+        if graceful:
+            self.shutdown()
+        else:
+            self.kill()
+        self.start_again()
+        if wait:
+            self.wait_ready(brokers=brokers)
+
+
+class BasculeCluster:
+    """`size` bascule nodes and a nats-server, each in its own container on a private network.
+
+    Node i has server id and network alias ``node-<i>``, Raft address ``node-<i>:9393`` (every node gets
+    them all as ``--raft-bootstrap-peers``), and its gRPC API on 127.0.0.1 (`brokers`). `nats_url` is the
+    NATS server for clients on the host; inside the network it is ``nats://nats:4222``.
+
+    Use it as a context manager, or call `start` and `stop`; leaving the ``with`` block removes every
+    container and the network, whatever happened.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        image: str | None = None,
+        nats_image: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        level: str = "info",
+        ready_timeout: float = 90.0,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.size = size
+        self.image = image or default_image()
+        self.nats_image = nats_image or default_nats_image()
+        self.config = dict(config or {})
+        self.level = level
+        self.ready_timeout = ready_timeout
+        self.network: Network | None = None
+        self.nats: NatsContainer | None = None
+        self.nodes: list[BasculeContainer] = []
+
+    @property
+    def server_ids(self) -> list[str]:
+        return [f"node-{index}" for index in range(self.size)]
+
+    @property
+    def brokers(self) -> list[str]:
+        """Every node's gRPC address for clients on the host, in node order."""
+        return [node.get_broker() for node in self.nodes]
+
+    @property
+    def nats_url(self) -> str:
+        if self.nats is None:
+            raise ContainerError("the cluster has not been started")
+        return self.nats.get_url()
+
+    def node(self, index: int) -> BasculeContainer:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"<BasculeCluster {self.size} nodes {self.brokers} nats {self.nats and self.nats._url}>"
+
+    def start(self, wait: bool = True) -> BasculeCluster:
+        self.network = Network(docker_network_kw={"labels": _labels()})
+        self.network.create()
+        self.nats = NatsContainer(self.nats_image, network=self.network).start()
+        peers = [f"{server_id}:{RAFT_PORT}" for server_id in self.server_ids] if self.size > 1 else []
+        for server_id in self.server_ids:
+            node = BasculeContainer(
+                self.image,
+                server_id=server_id,
+                config=self.config,
+                nats_servers=[f"nats://{self.nats.alias}:{NATS_PORT}"],
+                raft_listen=f"{server_id}:{RAFT_PORT}",
+                raft_peers=peers,
+                network=self.network,
+                alias=server_id,
+                level=self.level,
+                ready_timeout=self.ready_timeout,
+            )
+            self.nodes.append(node)
+            node.start(wait=False)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until every running node lists every node of the cluster."""
+        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        for node in self.nodes:
+            if node.running:
+                node.wait_ready(max(1.0, deadline - time.monotonic()), brokers=self.server_ids)
+
+    def stop(self) -> None:
+        """Remove every container and the network."""
+        errors = []
+        for container in [*self.nodes, *([self.nats] if self.nats else [])]:
+            try:
+                container.stop()
+            except Exception as exc:  # noqa: BLE001 - remove the others anyway
+                errors.append(exc)
+        if self.network is not None and self.network._network is not None:
+            try:
+                self.network.remove()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        self.nodes, self.nats, self.network = [], None, None
+        if errors:
+            raise ContainerError(f"cleanup failed: {errors}")
+
+    def __enter__(self) -> BasculeCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- faults --
+    def kill(self, index: int) -> None:
+        """SIGKILL node `index`'s container."""
+        self.nodes[index].kill()
+
+    def restart(self, index: int, wait: bool = True, *, graceful: bool = True) -> None:
+        """Stop node `index` if running (SIGTERM, or SIGKILL when not `graceful`), start it again with the same
+        addresses and data; with `wait`, until it lists every broker again."""
+        self.nodes[index].restart(wait, graceful=graceful, brokers=self.server_ids)
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The end of every container's log, for a failure message."""
+        parts = []
+        for container in [*([self.nats] if self.nats else []), *self.nodes]:
+            parts.append(f"--- {container._describe()} ---\n{container.logs(lines)}")
+        return "\n".join(parts)
