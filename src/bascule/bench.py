@@ -1715,6 +1715,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy the bascule nodes in one extra, unmeasured trial of the profiled scenarios")
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second (default 100)")
+    parser.add_argument("--profile-scenarios", default="",
+                        help="comma-separated scenarios to profile (default: "
+                             + ", ".join(s.name for s in SCENARIOS.values() if s.profile) + ")")
     parser.add_argument("--profile-native", action="store_true",
                         help="py-spy --native: show C/Cython frames too (grpc's, protobuf's)")
     parser.add_argument("--workdir", help="where the temporary directories go (default the system's)")
@@ -1820,7 +1823,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name in names:
             scenario = SCENARIOS[name]
-            ctx = Context(args, base / name, counts, profiler if scenario.profile else None)
+            profiled = name in args.profile_scenarios if args.profile_scenarios else scenario.profile
+            ctx = Context(args, base / name, counts, profiler if profiled else None)
             ctx.dir.mkdir(parents=True, exist_ok=True)
             entry: dict[str, Any] = {"title": scenario.title, "trials": {}, "loadavg_before": loadavg()}
             report["scenarios"][name] = entry
@@ -1867,6 +1871,7 @@ def main(argv: list[str]) -> int:
     if args.trials is None:
         args.trials = 1 if args.quick else 3
     args.scale_partitions = [int(x) for x in str(args.scale_partitions).split(",") if x.strip()]
+    args.profile_scenarios = select_scenarios([args.profile_scenarios]) if args.profile_scenarios else []
 
     def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

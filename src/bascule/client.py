@@ -90,11 +90,20 @@ class Metadata:
     streams: dict[str, StreamInfo] = field(default_factory=dict)
 
 
+# Errors after which the cached partition leaders may be stale (a failover, a deleted stream).
+_STALE_LEADER_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+     grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+
 def _rpc_errors(call):
-    async def wrapper(*args, **kwargs):
+    async def wrapper(self, *args, **kwargs):
         try:
-            return await call(*args, **kwargs)
+            return await call(self, *args, **kwargs)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in _STALE_LEADER_CODES:
+                self._leaders.clear()
             raise BasculeError(exc.code(), exc.details() or "") from None
 
     wrapper.__name__ = call.__name__
@@ -307,6 +316,8 @@ class Client:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return  # the stop position was reached
+            if exc.code() in _STALE_LEADER_CODES:
+                self._leaders.clear()
             raise BasculeError(exc.code(), exc.details() or "") from None
 
     @_rpc_errors

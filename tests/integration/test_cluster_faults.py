@@ -11,8 +11,8 @@ from /work/shared/reference/replication-scenarios.md, and then checks the invari
 Timeouts are short (cluster_checks.FAST): a silent leader is reported after 1 s, a lagging follower
 leaves the ISR after 2 s.
 
-The xfail(strict=True) tests pin bugs these faults exposed, each reproduced as deterministically as possible
-(two without a cluster); remove the mark once the bug is fixed.
+The last three tests pin bugs these faults once exposed (a follower loop that would not stop, a paused
+leader acking in a dead epoch, a double election after a hung leader), two of them without a cluster.
 """
 
 from __future__ import annotations
@@ -330,10 +330,6 @@ async def test_paused_leader_does_not_ack_as_a_zombie_and_truncates() -> None:
         stop_and_check_files(cluster, {"zombie": acked})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a leader replaced while SIGSTOPped acks LEADER-policy publishes after SIGCONT from its stale view, at "
-    "offsets the new leader already committed for other messages (API.node_publish trusts the local Raft state; "
-    "PartitionReplica.submit has no fence: no epoch check, no lease)"))
 async def test_replaced_leader_does_not_ack_at_offsets_the_new_leader_committed() -> None:
     with LocalCluster(3, config=FAST, keep_data=False) as cluster:  # expected to fail: no logs left behind
         await create_stream(cluster, "zombie1")
@@ -444,11 +440,6 @@ async def test_minority_isr_never_acks_ack_all_publishes() -> None:
 # ---- root cause of an occasional hard-bounce failure, reproduced without a cluster -----------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: FollowerLoop.stop() hangs forever when its cancel lands in the loop turn in which a NATS reply "
-    "resolves nc.request's future: Python 3.11's asyncio.wait_for (used by nats-py) swallows the "
-    "cancellation, the follower loop keeps running, and Node._reconcile stays blocked (partition never "
-    "led/followed again)"))
 async def test_follower_loop_stops_even_when_a_reply_lands_in_the_same_turn(tmp_path) -> None:
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeout
@@ -496,10 +487,6 @@ async def test_follower_loop_stops_even_when_a_reply_lands_in_the_same_turn(tmp_
         replica.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: with replica.fetch.timeout >= replica.max.leader.timeout (1 s / 1 s here), one unanswered request "
-    "(e.g. sent before a freshly elected leader subscribed) makes the follower report its leader; with a 2-member "
-    "ISR one report deposes it and the ISR falls to 1 (< minISR): each failover elects twice and stalls ALL acks"))
 async def test_one_lost_request_does_not_get_a_healthy_leader_reported(tmp_path) -> None:
     from nats.errors import TimeoutError as NatsTimeout
 

@@ -113,7 +113,9 @@ class Node:
             self.config.clustering.raft_password,
             self._schedule_reconcile,
         )
-        self.metadata = MetadataService(self.raft, self.nats, self.subjects)
+        self.metadata = MetadataService(
+            self.raft, self.nats, self.subjects, self.config.clustering.replica_max_leader_timeout
+        )
         await self.metadata.start()
         await self.nats.subscribe(self.subjects.admin_status, cb=self._on_status_request)
         await self.nats.subscribe(self.subjects.admin_replicas, cb=self._on_replicas_request)
@@ -569,6 +571,7 @@ class Node:
                         replica.submit(record, partial(self._captured_write, local, ack, time.time_ns()))
             except (NotLeader, PartitionClosed) as exc:
                 log.warning("dropping messages on %s: %s", local.subject, exc)
+                self._schedule_reconcile()  # stop capturing what this node no longer leads
 
         return on_messages
 

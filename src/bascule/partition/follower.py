@@ -33,6 +33,12 @@ class FollowerSettings:
     leader_timeout: float
     max_idle_wait: float
 
+    @property
+    def request_timeout(self) -> float:
+        # One lost request (say, to a leader that has not subscribed yet) must not add up to a
+        # leader timeout: several tries fit in one.
+        return min(self.fetch_timeout, self.leader_timeout / 3)
+
     def machine_config(self) -> machine.FollowerConfig:
         # A healthy idle leader must never be reported: idle waits stay well under the timeout.
         idle = min(self.max_idle_wait, self.leader_timeout / 2)
@@ -62,15 +68,20 @@ class FollowerLoop:
         self.leader_epoch = replica.leader_epoch
         self._notified = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"follow {self.replica.stream}/{self.replica.partition}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._stopping = True
+        task = self._task
+        # A cancel can be swallowed (asyncio.wait_for in nats-py's request() drops it when the reply
+        # lands in the same turn): cancel until the task is really done; the flag ends the loop too.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+        self._task = None
 
     def notify(self) -> None:
         self._notified.set()
@@ -83,7 +94,7 @@ class FollowerLoop:
             log_start_offset=replica.log.oldest_offset, config=self.settings.machine_config(),
         )
         actions = follower.start()
-        while True:
+        while not self._stopping:
             next_actions: list[machine.Action] = []
             for action in actions:
                 next_actions += await self._carry_out(follower, action)
@@ -110,17 +121,17 @@ class FollowerLoop:
         return []
 
     async def _wait(self, follower: machine.Follower, until: float) -> list[machine.Action]:
-        timeout = max(0.0, until - self.replica.clock())
         try:
-            await asyncio.wait_for(self._notified.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(max(0.0, until - self.replica.clock())):
+                await self._notified.wait()
+        except TimeoutError:
             return follower.tick(self.replica.clock())
         self._notified.clear()
         return follower.on_notify(self.replica.clock())
 
     async def _request(self, subject: str, payload: bytes) -> bytes | None:
         try:
-            reply = await self.nc.request(subject, payload, timeout=self.settings.fetch_timeout)
+            reply = await self.nc.request(subject, payload, timeout=self.settings.request_timeout)
         except (asyncio.TimeoutError, NatsError) as exc:
             log.debug("request to %s failed: %r", subject, exc)
             await asyncio.sleep(RETRY_PAUSE)

@@ -39,6 +39,7 @@ class LeaderEndpoint:
             await self.nc.subscribe(self.subjects.replicate(stream, partition), cb=self._on_fetch),
             await self.nc.subscribe(self.subjects.epoch_offset(stream, partition), cb=self._on_epoch_query),
         ]
+        await self.nc.flush()  # followers of a new leader start fetching at once: be there first
 
     async def stop(self) -> None:
         for subscription in self._subscriptions:
@@ -57,8 +58,9 @@ class LeaderEndpoint:
             log.warning("dropping malformed replication request on %s: %s", msg.subject, exc)
             return
         replica = self.replica
-        if not replica.is_leader or not msg.reply:
-            return  # a deposed leader stays silent rather than answer for an epoch it no longer leads
+        replica.fence(request.leaderEpoch)
+        if not replica.is_leader or not msg.reply or request.leaderEpoch != replica.leader_epoch:
+            return  # a deposed leader, or a follower of another epoch: no answer beats a wrong one
         try:
             data = replica.serve_fetch(request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes)
         except (OffsetOutOfRange, CorruptEntry) as exc:
@@ -74,6 +76,7 @@ class LeaderEndpoint:
         except envelope.EnvelopeError as exc:
             log.warning("dropping malformed epoch query on %s: %s", msg.subject, exc)
             return
+        self.replica.fence(request.currentLeaderEpoch)
         if not self.replica.is_leader or not msg.reply or request.currentLeaderEpoch != self.replica.leader_epoch:
             return
         epoch, end_offset = self.replica.epoch_end(request.leaderEpoch)

@@ -70,6 +70,7 @@ class PartitionReplica:
         self.clock = clock
         self.leader_epoch = -1
         self.leader = ""
+        self.fenced_epoch = -1  # a newer leader epoch seen in a follower's request
         self.tracker: IsrTracker | None = None  # set while this replica leads
         self.paused = False
         self.readonly = False
@@ -103,6 +104,8 @@ class PartitionReplica:
         min_isr: int, max_lag_time: float,
     ) -> None:
         """Lead ``leader_epoch``; the same epoch again only refreshes the ISR and min ISR."""
+        if leader_epoch <= self.fenced_epoch:
+            return  # this node's metadata is behind: a follower already follows a newer leader
         now = self.clock()
         if self.tracker is not None and self.leader_epoch == leader_epoch:
             self.tracker.min_isr = min_isr
@@ -119,6 +122,17 @@ class PartitionReplica:
         )
         self._publish_high_watermark()
         self._wake_readers()
+
+    def fence(self, requested_epoch: int) -> None:
+        """A follower asked with ``requested_epoch``: if that is newer than the epoch this replica
+        leads, another leader was elected (this one was paused or cut off): stop writing now,
+        before this node's metadata catches up, so no write is acknowledged in a dead epoch."""
+        if requested_epoch <= self.leader_epoch or self.tracker is None:
+            return
+        log.warning("%s/%s: a follower follows leader epoch %d, this leader has %d: stepping down",
+                    self.stream, self.partition, requested_epoch, self.leader_epoch)
+        self.fenced_epoch = requested_epoch
+        self.become_follower("", self.leader_epoch)
 
     def become_follower(self, leader_id: str, leader_epoch: int) -> None:
         if self.tracker is not None:

@@ -1,0 +1,265 @@
+"""bascule in containers, driven through testcontainers and podman's Docker API.
+
+The session fixture runs compose/podman-setup.sh (engine, API service, images: about a second when all is
+there, about a minute on a bare machine) and uses the environment it prints. The tests skip only when no
+engine can be had: the script cannot run here (no podman, and no root with apt-get to install it) and no
+Docker API answers on /run/podman/podman.sock. Set BASCULE_CONTAINERS_SETUP=0 to use an engine and images
+that are already there without running the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from gufo.liftbridge.client import LiftbridgeClient
+from gufo.liftbridge.types import AckPolicy, StartPosition
+
+from bascule.client import BasculeError, Client
+
+pytestmark = [pytest.mark.containers, pytest.mark.anyio, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ROOT / "compose" / "podman-setup.sh"
+SOCKET = "/run/podman/podman.sock"
+
+
+def _api_answers(path: str = SOCKET) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(2)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: podman\r\n\r\n")
+            return sock.recv(64).startswith(b"HTTP/1.")
+    except OSError:
+        return False
+
+
+def _setup_runnable() -> str | None:
+    """None when the setup script can run here, else why not."""
+    if shutil.which("bash") is None:
+        return "no bash to run compose/podman-setup.sh"
+    if shutil.which("podman") is None and not (os.geteuid() == 0 and shutil.which("apt-get")):
+        return "podman is not installed, and installing it needs root and apt-get"
+    return None
+
+
+def _run_setup() -> None:
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        pytest.fail(f"compose/podman-setup.sh failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    for line in done.stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export "):].partition("=")
+            os.environ[key] = value
+    print(f"podman-setup.sh took {time.monotonic() - started:.1f} s")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A Docker-API engine (podman) and bascule's images, or a skip saying why there is none."""
+    cannot_setup = _setup_runnable()
+    if os.environ.get("BASCULE_CONTAINERS_SETUP") == "0":
+        cannot_setup = "BASCULE_CONTAINERS_SETUP=0"
+    if cannot_setup is None:
+        _run_setup()
+    elif not _api_answers(os.environ.get("DOCKER_HOST", "").removeprefix("unix://") or SOCKET):
+        pytest.skip(f"no container engine: {cannot_setup}, and no Docker API answers on {SOCKET}")
+    from bascule.testing.containers import remove_leftovers, use_podman
+
+    use_podman()
+    remove_leftovers()
+    yield
+    remove_leftovers()
+
+
+@pytest.fixture(scope="module")
+def node(engine):
+    from bascule.testing.containers import BasculeContainer
+
+    with BasculeContainer(server_id="solo") as node:
+        yield node
+
+
+async def _take(iterator, count: int, timeout: float = 10.0) -> list:
+    async def take():
+        out = []
+        async for item in iterator:
+            out.append(item)
+            if len(out) == count:
+                return out
+
+    return await asyncio.wait_for(take(), timeout)
+
+
+# ---- one node, embedded NATS --------------------------------------------------------------------------
+
+
+async def test_single_node_with_gufo_liftbridge(node):
+    assert node.get_broker().startswith("127.0.0.1:")
+    async with LiftbridgeClient([node.get_broker()]) as lb:
+        await lb.create_stream("orders", subject="orders.in", wait_for_stream=True)
+        meta = await lb.get_metadata()
+        assert [(b.id, f"{b.host}:{b.port}") for b in meta.brokers] == [("solo", node.get_broker())]
+        # A service publishing plain NATS messages, to the node's embedded NATS through its published port.
+        nc = await nats.connect(node.get_nats_url())
+        await nc.publish("orders.in", b"plain")
+        await nc.drain()
+        await lb.publish(b"enveloped", stream="orders", key=b"k", ack_policy=AckPolicy.ALL)
+        got = await _take(lb.subscribe("orders", start_position=StartPosition.EARLIEST), 2)
+        assert [(m.offset, m.value) for m in got] == [(0, b"plain"), (1, b"enveloped")]
+        assert got[1].key == b"k"
+
+
+async def test_single_node_with_bascule_client(node):
+    async with Client(node.get_broker()) as client:
+        await client.create_stream("events", "events.in")
+        acks = [await client.publish("events", f"e{i}".encode(), ack_policy="all") for i in range(5)]
+        assert [ack.offset for ack in acks] == list(range(5))
+        got = [m async for m in client.subscribe("events", start="earliest", stop_latest=True)]
+        assert [m.value for m in got] == [f"e{i}".encode() for i in range(5)]
+
+
+# ---- a 3-node cluster: one node killed ----------------------------------------------------------------------
+
+CLUSTER_CONFIG = {
+    # A dead replica leaves the ISR (and a dead leader is replaced) after 3 s instead of 15 s.
+    "clustering.replica.max.lag.time": "3s",
+    "clustering.replica.max.leader.timeout": "3s",
+}
+
+
+async def _partition(broker: str, stream: str):
+    async with Client(broker, timeout=3) as client:
+        return (await client.fetch_metadata(stream)).streams[stream].partitions[0]
+
+
+async def _until(predicate, what: str, timeout: float = 30.0, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = await predicate()
+            if last:
+                return last
+        except BasculeError as exc:
+            last = exc
+        await asyncio.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s; last: {last!r}")
+
+
+async def _publish_with_retries(brokers: list[str], stream: str, value: bytes, timeout: float = 30.0):
+    """Publish with ack ALL through any answering broker, until acked (a leader may be moving)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for broker in brokers:
+            try:
+                async with Client(broker, timeout=3) as client:
+                    return await client.publish(stream, value, ack_policy="all")
+            except BasculeError as exc:
+                error = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"publish of {value!r} not acked within {timeout:.0f} s: {error}")
+        await asyncio.sleep(0.3)
+
+
+async def test_cluster_keeps_serving_acked_messages_when_a_node_is_killed(engine):
+    from bascule.testing.containers import BasculeCluster
+
+    with BasculeCluster(3, config=CLUSTER_CONFIG) as cluster:
+        try:
+            await _cluster_scenario(cluster)
+        except BaseException:
+            print(cluster.log_tails(40))
+            raise
+
+
+async def _cluster_scenario(cluster) -> None:
+    brokers = cluster.brokers
+    async with Client(brokers[0]) as client:
+        await client.create_stream("orders", "orders.in", replication_factor=3)
+    first = await _until(
+        lambda: _partition(brokers[0], "orders"), "partition with a leader and 3 replicas in ISR"
+    )
+    assert len(first.replicas) == 3
+    await _until(lambda: _ok_isr(brokers[0], 3), "ISR of 3")
+    acked = {}
+    async with Client(brokers[0]) as client:
+        for i in range(10):
+            ack = await client.publish("orders", f"before-{i}".encode(), ack_policy="all")
+            acked[ack.offset] = f"before-{i}".encode()
+
+    # Kill the partition's leader: the strongest case (a follower's death only shrinks the ISR).
+    leader = (await _partition(brokers[0], "orders")).leader
+    victim = cluster.server_ids.index(leader)
+    survivors = [broker for index, broker in enumerate(brokers) if index != victim]
+    cluster.kill(victim)
+    killed_at = time.monotonic()
+    for i in range(10):
+        ack = await _publish_with_retries(survivors, "orders", f"after-{i}".encode())
+        acked[ack.offset] = f"after-{i}".encode()
+    failover = time.monotonic() - killed_at
+    print(f"leader {leader} killed; acked again after {failover:.1f} s")
+
+    new = await _partition(survivors[0], "orders")
+    assert new.leader != leader and new.leader in cluster.server_ids
+    assert leader not in new.isr
+    # Every acked message is served, in offset order, by the new leader.
+    async with Client(survivors[0]) as client:
+        got = [m async for m in client.subscribe("orders", start="earliest", stop_latest=True)]
+    assert {m.offset: m.value for m in got} == acked
+    assert [m.offset for m in got] == sorted(acked)
+
+    # The killed node comes back with its data, catches up and rejoins the ISR.
+    await asyncio.to_thread(cluster.restart, victim)
+    await _until(lambda: _ok_isr(survivors[0], 3), "the restarted node back in the ISR")
+    async with Client(brokers[victim]) as client:
+        detail = await client.partitions("orders")
+    print(f"after restart: {detail}")
+    async with LiftbridgeClient(brokers) as lb:
+        await lb.publish(b"last", stream="orders", ack_policy=AckPolicy.ALL)
+        got = await _take(lb.subscribe("orders", start_position=StartPosition.EARLIEST), len(acked) + 1)
+    assert [m.value for m in got] == [acked[offset] for offset in sorted(acked)] + [b"last"]
+
+
+async def _ok_isr(broker: str, size: int) -> bool:
+    return len((await _partition(broker, "orders")).isr) == size
+
+
+# ---- a known bug, kept visible --------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    reason="bug: a node restarted at a new IP address stays out of the metadata Raft group for 40 s to 10 min "
+    "(pysyncobj caches peer addresses for 600 s: bascule sets no dnsCacheTime; a connect to the old "
+    "address gets no answer and pysyncobj waits for the kernel's SYN retries)",
+    strict=False,
+)
+async def test_node_restarted_at_a_new_address_rejoins_the_metadata_group(engine):
+    from bascule.testing.containers import BasculeCluster
+
+    # The engine's own dynamic addresses: a restarted container usually gets a new one.
+    with BasculeCluster(3, stable_addresses=False) as cluster:
+        # node-0 has the lowest Raft address: pysyncobj leaves it to the others to connect to it.
+        cluster.kill(0)
+        cluster.restart(0, wait=False)
+        started = time.monotonic()
+        try:
+            cluster.node(0).wait_ready(timeout=20, brokers=cluster.server_ids)
+            async with Client(cluster.brokers[1]) as client:
+                await _until(lambda: _all_voters_connected(client), "all Raft voters connected", timeout=20)
+        finally:
+            print(f"restarted node: {time.monotonic() - started:.1f} s")
+
+
+async def _all_voters_connected(client: Client) -> bool:
+    status = await client.status()
+    return all(voter["connected"] for voter in status["voters"])

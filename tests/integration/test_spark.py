@@ -1,0 +1,453 @@
+"""bascule.spark: PySpark 4 batch and streaming reads and writes against a real bascule node.
+
+One SparkSession (local[2]) and one bascule node serve every test here: a session starts in about
+5 s, so they are shared. Every test needs Java 17 and is marked `spark`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+import zlib
+from collections import Counter
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="PySpark is not installed (pip install -e '.[spark]')")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
+
+import nats  # noqa: E402
+
+from bascule.client import Client  # noqa: E402
+from bascule.testing.local import LocalCluster  # noqa: E402
+
+from bascule.spark.options import BasculeSparkError, parse_read_options, parse_write_options  # noqa: E402
+from bascule.spark.planning import OffsetRange, cap, plan_ranges, rate_limit, split_ranges  # noqa: E402
+
+
+def spark_test(test):
+    """Needs the JVM: marked `spark`, skipped (saying why) without Java."""
+    no_java = pytest.mark.skipif(shutil.which("java") is None, reason="Spark 4 needs Java 17: no `java` on PATH")
+    return pytest.mark.spark(no_java(test))
+
+
+PER_PARTITION = 10_000
+
+
+# ---- offsets arithmetic and options (no JVM) ------------------------------------------------------
+
+
+def test_rate_limit_shares_the_limit_in_proportion_and_starves_no_partition():
+    start = {"s": {0: 0, 1: 100, 2: 5}}
+    end = {"s": {0: 900, 1: 200, 2: 5}}
+    assert rate_limit(start, end, 100) == {"s": {0: 90, 1: 110, 2: 5}}
+    assert rate_limit(start, end, 5000) == end
+    assert rate_limit({"s": {0: 0, 1: 0}}, {"s": {0: 10_000, 1: 1}}, 10) == {"s": {0: 9, 1: 1}}
+
+
+def test_split_ranges_for_min_partitions_and_max_records():
+    ranges = [OffsetRange("s", 0, 0, 900), OffsetRange("s", 1, 0, 100, strict_start=False), OffsetRange("s", 2, 7, 7)]
+    parts = split_ranges(ranges, min_partitions=10)
+    assert [(r.partition, r.start, r.end, r.strict_start) for r in parts if r.partition == 1] == [(1, 0, 100, False)]
+    assert len([r for r in parts if r.partition == 0]) == 9 and len(parts) == 10
+    assert [(r.start, r.end) for r in split_ranges([ranges[0]], max_records=400)] == [(0, 300), (300, 600), (600, 900)]
+    halves = split_ranges([ranges[1]], max_records=50)
+    assert [(r.start, r.end, r.strict_start) for r in halves] == [(0, 50, False), (50, 100, True)]
+
+
+def test_new_and_reset_partitions_are_read_from_their_start_and_available_now_caps():
+    ranges = plan_ranges({"s": {0: 10, 1: 50}}, {"s": {0: 20, 1: 30, 2: 5}})
+    assert ranges == [OffsetRange("s", 0, 10, 20), OffsetRange("s", 1, 0, 30, False), OffsetRange("s", 2, 0, 5, False)]
+    # A partition created after the run began waits for the next run.
+    assert cap({"s": {0: 90, 1: 4}}, {"s": {0: 50}}, {"s": {0: 10}}) == {"s": {0: 50}}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"stream": "s"}, "the option 'brokers' is required"),
+        ({"brokers": "h:1"}, "give exactly one of the options 'stream'"),
+        ({"brokers": "h:1", "stream": "s", "startingOffsets": "[1]"}, "must be a JSON object of streams"),
+        ({"brokers": "h:1", "stream": "s", "startingOffsets": '{"s": {"0": -3}}'}, "offset -3 for s/0 is invalid"),
+        ({"brokers": "h:1", "stream": "s", "startingOffsets": '{"t": {"0": 1}}'}, "name stream 't', which stream s"),
+        ({"brokers": "h:1", "stream": "s", "endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
+        ({"brokers": "h:1", "stream": "s", "startingTimestamp": "yesterday"}, "milliseconds since the epoch"),
+        ({"brokers": "h:1", "streamPattern": "("}, "not a valid regular expression"),
+        ({"brokers": "h:1", "stream": "s", "failOnDataLoss": "yes"}, "must be 'true' or 'false'"),
+        ({"brokers": "h:1", "stream": "s", "maxMessagesPerTrigger": "0"}, "must be >= 1"),
+    ],
+)
+def test_read_option_errors(options, message):
+    with pytest.raises(BasculeSparkError, match=message):
+        parse_read_options(options, streaming=False)
+
+
+def test_streaming_and_write_options():
+    o = parse_read_options({"BROKERS": "a:1,b:2", "stream": "s,t", "maxOffsetsPerTrigger": "5"}, streaming=True)
+    assert (o.brokers, o.selection.streams, o.starting.kind, o.max_messages_per_trigger) == (
+        ("a:1", "b:2"), ("s", "t"), "latest", 5
+    )
+    with pytest.raises(BasculeSparkError, match="endingOffsets is for batch queries only"):
+        parse_read_options({"brokers": "a:1", "stream": "s", "endingOffsets": "latest"}, streaming=True)
+    w = parse_write_options({"brokers": "a:1", "stream": "s", "ackPolicy": "LEADER"})
+    assert (w.ack_policy, w.partitioner, w.write_batch_size) == ("leader", "key", 1000)
+    with pytest.raises(BasculeSparkError, match="ackPolicy must be one of all, leader, none"):
+        parse_write_options({"brokers": "a:1", "ackPolicy": "most"})
+
+
+# ---- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from bascule.spark import BasculeDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("bascule-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(BasculeDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Retention checked every 200 ms, for the data-loss test.
+    with LocalCluster(1, embedded_nats=True, config={"streams": {"cleaner.interval": "200ms"}}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def broker(cluster) -> str:
+    return cluster.brokers[0]
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+async def create(broker: str, name: str, subject: str, partitions: int = 1, **settings) -> None:
+    async with Client(broker) as client:
+        await client.create_stream(name, subject, partitions=partitions, **settings)
+
+
+async def wait_hw(broker: str, stream: str, partition: int, hw: int, timeout: float = 30.0) -> None:
+    async with Client(broker) as client:
+        deadline = time.monotonic() + timeout
+        while (await client.fetch_partition_metadata(stream, partition)).high_watermark < hw:
+            assert time.monotonic() < deadline, f"{stream}/{partition} never reached HW {hw}"
+            await asyncio.sleep(0.05)
+
+
+async def publish_nats(url: str, subjects: list[str], count: int, prefix: str = "") -> None:
+    nc = await nats.connect(url)
+    try:
+        for i in range(count):
+            for p, subject in enumerate(subjects):
+                await nc.publish(subject, f"{prefix}p{p}-{i}".encode())
+        await nc.flush()
+    finally:
+        await nc.drain()
+
+
+async def publish_client(broker: str, stream: str, partition: int, values: list[bytes], keys=None) -> None:
+    async with Client(broker) as client:
+        for begin in range(0, len(values), 1000):
+            await client.publish_many(
+                stream, values[begin : begin + 1000], keys=keys[begin : begin + 1000] if keys else None,
+                partition=partition, ack_policy="all",
+            )
+
+
+def reader(spark, broker: str, **options):
+    r = spark.read.format("bascule").option("brokers", broker)
+    for name, value in options.items():
+        r = r.option(name, value)
+    return r.load()
+
+
+# ---- batch reads ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batch_stream(cluster, broker):
+    """30,000 plain NATS messages on a 3-partition stream: "p{partition}-{i}" at offset i."""
+    subjects = ["orders.in", "orders.in.1", "orders.in.2"]
+    run(create(broker, "orders", "orders.in", partitions=3))
+    before = time.time_ns()
+    run(publish_nats(cluster.nats_url, subjects, PER_PARTITION))
+    for p in range(3):
+        run(wait_hw(broker, "orders", p, PER_PARTITION - 1))
+    return subjects, before, time.time_ns()
+
+
+@pytest.fixture(scope="module")
+def orders_table(spark, broker, batch_stream):
+    """The whole of "orders", read by Spark as one Arrow table."""
+    return reader(spark, broker, stream="orders").toArrow()
+
+
+@spark_test
+def test_a_batch_read_returns_every_committed_message_with_every_column(spark, broker, batch_stream, orders_table):
+    subjects, before, after = batch_stream
+    df = reader(spark, broker, stream="orders")
+    assert df.schema.simpleString() == (
+        "struct<stream:string,partition:int,offset:bigint,key:binary,value:binary,timestamp:timestamp,"
+        "subject:string,headers:map<string,binary>>"
+    )
+    assert df.rdd.getNumPartitions() == 3  # one Spark partition per stream partition
+    table = orders_table
+    assert table.num_rows == 3 * PER_PARTITION
+    columns = table.to_pydict()
+    rows = sorted(zip(*(columns[name] for name in table.column_names)), key=lambda r: (r[1], r[2]))
+    last_ts = {}
+    for stream, partition, offset, key, value, ts, subject, headers in rows:
+        assert stream == "orders"
+        assert value == f"p{partition}-{offset}".encode()
+        assert key is None
+        assert subject == subjects[partition]
+        assert dict(headers) == {"subject": subjects[partition].encode(), "reply": b""}
+        micros = ts.timestamp() * 1e6
+        assert before // 1000 - 1 <= micros <= after // 1000 + 1
+        assert micros >= last_ts.get(partition, 0)  # timestamps never go back within a partition
+        last_ts[partition] = micros
+    assert [(r[1], r[2]) for r in rows] == [(p, o) for p in range(3) for o in range(PER_PARTITION)]
+
+    # Timestamps exactly as the bascule client sees them (ns truncated to Spark's µs), for a sample.
+    async def sample():
+        async with Client(broker) as client:
+            return [m async for m in client.subscribe("orders", 1, offset=5000, stop_offset=5099)]
+
+    by_offset = {(r[1], r[2]): r[5] for r in rows}
+    for message in run(sample()):
+        ts = by_offset[1, message.offset]
+        assert int(ts.timestamp()) * 1_000_000 + ts.microsecond == message.timestamp // 1000
+
+
+@spark_test
+def test_offset_ranges_timestamps_and_min_partitions(spark, broker, orders_table):
+    from pyspark.sql import functions as F
+
+    df = reader(
+        spark, broker, stream="orders", minPartitions="8",
+        startingOffsets=json.dumps({"orders": {"0": 100, "1": -2}}),
+        endingOffsets=json.dumps({"orders": {"0": 200, "2": 50}}),
+    )
+    assert df.rdd.getNumPartitions() >= 8  # the 10,000-message range of partition 1 split up
+    stats = df.groupBy("partition").agg(F.count("*"), F.min("offset"), F.max("offset")).collect()
+    assert {r[0]: tuple(r[1:]) for r in stats} == {
+        0: (100, 100, 199), 1: (PER_PARTITION, 0, PER_PARTITION - 1), 2: (50, 0, 49)
+    }
+
+    # startingTimestamp (ms): each partition from its first message at or after that time.
+    columns = orders_table.select(["partition", "timestamp"]).to_pydict()
+    micros = [int(t.timestamp()) * 1_000_000 + t.microsecond for t in columns["timestamp"]]
+    start_ms = sorted(micros)[len(micros) // 2] // 1000
+    expected = Counter(p for p, us in zip(columns["partition"], micros) if us >= start_ms * 1000)
+    got = reader(spark, broker, stream="orders", startingTimestamp=str(start_ms)).groupBy("partition").count()
+    assert {r["partition"]: r["count"] for r in got.collect()} == dict(expected)
+
+
+@spark_test
+def test_option_errors_are_clear(spark, broker, batch_stream):
+    from pyspark.errors import PySparkException
+    from py4j.protocol import Py4JJavaError
+
+    errors = (PySparkException, Py4JJavaError)
+    cases = [  # the option parser's own messages are checked without Spark above
+        ({"stream": "orders", "startingOffsets": "{not json"}, "startingOffsets must be 'earliest', 'latest' or JSON"),
+        ({"stream": "nope"}, "stream 'nope' does not exist"),
+        ({"stream": "orders", "endingOffsets": '{"orders": {"7": 1}}'}, r"names partitions \[7\] of stream 'orders'"),
+    ]
+    for options, message in cases:
+        with pytest.raises(errors, match=message):
+            reader(spark, broker, **options).count()
+
+
+@spark_test
+def test_fail_on_data_loss(spark, cluster, broker):
+    run(create(broker, "short", "short.in", retention_max_messages=100, segment_max_bytes=2048))
+    run(publish_client(broker, "short", 0, [b"m%d" % i for i in range(2000)]))
+
+    async def oldest() -> int:
+        async with Client(broker) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                async for message in client.subscribe("short", 0, start="earliest", stop_latest=True):
+                    if message.offset > 0 or time.monotonic() > deadline:
+                        return message.offset
+                    break
+                await asyncio.sleep(0.1)
+
+    first = run(oldest())
+    assert 0 < first < 2000, "retention removed nothing"  # it keeps at most the newest 100
+    from pyspark.errors import PySparkException
+    from py4j.protocol import Py4JJavaError
+
+    needs_removed = {"stream": "short", "startingOffsets": json.dumps({"short": {"0": 0}})}
+    with pytest.raises((PySparkException, Py4JJavaError), match=r"data loss in stream 'short' partition 0: offsets 0\.\."):
+        reader(spark, broker, **needs_removed).count()
+    # Skipping ahead, or starting at "earliest" (which is no loss), reads what is left.
+    left = reader(spark, broker, failOnDataLoss="false", **needs_removed).agg({"offset": "min"}).collect()[0][0]
+    assert left >= first
+    count, lowest = reader(spark, broker, stream="short").selectExpr("count(*)", "min(offset)").collect()[0]
+    assert count == 2000 - lowest
+
+
+# ---- streaming -----------------------------------------------------------------------------------
+
+
+@spark_test
+def test_a_restarted_streaming_query_reads_every_message_exactly_once(spark, cluster, broker, tmp_path):
+    run(create(broker, "evt-a", "evt.a", partitions=2))
+    for p in range(2):
+        run(publish_client(broker, "evt-a", p, [b"a%d-%d" % (p, i) for i in range(600)]))
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def run_query() -> list:
+        stream = (
+            spark.readStream.format("bascule")
+            .option("brokers", broker)
+            .option("streamPattern", "evt-.*")
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "1000")
+            .load()
+        )
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive
+        assert query.exception() is None
+        return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+    assert run_query() == [1000, 200]  # maxMessagesPerTrigger: 500 from each partition, then the rest
+
+    # More messages, and a new stream the pattern matches; the query resumes from its checkpoint.
+    for p in range(2):
+        run(publish_client(broker, "evt-a", p, [b"a%d-%d" % (p, i) for i in range(600, 800)]))
+    run(create(broker, "evt-b", "evt.b", partitions=1))
+    run(publish_client(broker, "evt-b", 0, [b"b0-%d" % i for i in range(300)]))
+    assert sum(run_query()) == 400 + 300
+
+    rows = spark.read.parquet(out).select("stream", "partition", "offset", "value").collect()
+    seen = Counter((r["stream"], r["partition"], r["offset"]) for r in rows)
+    assert max(seen.values()) == 1, "a message was read twice"
+    expected = {("evt-a", p, i) for p in range(2) for i in range(800)} | {("evt-b", 0, i) for i in range(300)}
+    assert set(seen) == expected
+    for r in rows:
+        letter = r["stream"][-1]
+        assert r["value"] == f"{letter}{r['partition']}-{r['offset']}".encode()
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+
+@spark_test
+def test_a_write_lands_in_order_per_partition_and_reads_back_equal(spark, broker):
+    from pyspark.sql import functions as F
+
+    run(create(broker, "sink", "sink.in", partitions=3))
+    rows = 10_000
+    df = spark.range(0, rows, 1, numPartitions=2).select(  # two tasks: ids 0-4999 and 5000-9999
+        F.concat(F.lit("value-"), F.col("id").cast("string")).cast("binary").alias("value"),
+        F.concat(F.lit("key-"), (F.col("id") % 13).cast("string")).alias("key"),
+        F.create_map(F.lit("n"), F.col("id").cast("string").cast("binary")).alias("headers"),
+        (F.col("id") % 3).cast("int").alias("partition"),
+    )
+    df.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
+
+    back = reader(spark, broker, stream="sink").toArrow().to_pydict()
+    assert len(back["offset"]) == rows
+    by_partition: dict[int, list] = {}
+    for partition, offset, key, value, headers in zip(
+        back["partition"], back["offset"], back["key"], back["value"], back["headers"]
+    ):
+        ident = int(value.decode().removeprefix("value-"))
+        assert ident % 3 == partition
+        assert key == f"key-{ident % 13}".encode()
+        assert dict(headers)["n"] == str(ident).encode()
+        by_partition.setdefault(partition, []).append((offset, ident))
+    for partition, pairs in by_partition.items():
+        pairs.sort()
+        assert [o for o, _ in pairs] == list(range(len(pairs)))
+        # Each task's rows keep their order within the partition (the two tasks interleave).
+        for task in (range(0, 5000), range(5000, rows)):
+            idents = [i for _, i in pairs if i in task]
+            assert idents == sorted(idents), f"partition {partition} out of order"
+    assert sorted(i for pairs in by_partition.values() for _, i in pairs) == list(range(rows))
+
+    # Without a partition column: Liftbridge's key partitioner (CRC-32 of the key), string values.
+    keyed = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(60)], "key string, value string")
+    keyed.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
+    after = json.dumps({"sink": {str(p): len(pairs) for p, pairs in by_partition.items()}})
+    again = reader(spark, broker, stream="sink", startingOffsets=after).toArrow().to_pydict()
+    placed = dict(zip(again["value"], again["partition"]))
+    assert placed == {f"v{i}".encode(): zlib.crc32(f"k{i}".encode()) % 3 for i in range(60)}
+
+
+@spark_test
+def test_write_errors_are_clear(spark, broker):
+    from pyspark.errors import PySparkException
+    from py4j.protocol import Py4JJavaError
+
+    errors = (PySparkException, Py4JJavaError)
+    df = spark.createDataFrame([("a", 5)], "value string, partition int")
+    with pytest.raises(errors, match="cannot write to partition 5 of stream 'sink'"):
+        df.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
+    with pytest.raises(errors, match="needs a 'value' column"):
+        df.select("partition").write.format("bascule").mode("append").option("brokers", broker).option(
+            "stream", "sink").save()
+    huge = spark.createDataFrame([(b"x" * (1024 * 1024 + 10),)], "value binary")
+    with pytest.raises(errors, match=r"publishing to stream 'sink' partition 0 failed .*exceeds the limit"):
+        huge.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
+    with pytest.raises(errors, match="cannot write to stream 'missing': it does not exist"):
+        df.select("value").write.format("bascule").mode("append").option("brokers", broker).option(
+            "stream", "missing").save()
+
+
+@spark_test
+def test_a_streaming_pipeline_writes_to_another_stream(spark, broker, tmp_path):
+    from pyspark.sql import functions as F
+
+    run(create(broker, "pipe-in", "pipe.in", partitions=2))
+    run(create(broker, "pipe-out", "pipe.out", partitions=2))
+    for p in range(2):
+        run(publish_client(broker, "pipe-in", p, [b"m%d-%d" % (p, i) for i in range(300)], [b"k%d" % i for i in range(300)]))
+    source = (
+        spark.readStream.format("bascule").option("brokers", broker).option("stream", "pipe-in")
+        .option("startingOffsets", "earliest").load()
+    )
+    upper = source.select(
+        "key", "partition", F.upper(F.col("value").cast("string")).alias("value"),
+        F.map_concat("headers", F.create_map(F.lit("from"), F.col("offset").cast("string").cast("binary"))).alias("headers"),
+    )
+    query = (
+        upper.writeStream.format("bascule").option("brokers", broker).option("stream", "pipe-out")
+        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    out = reader(spark, broker, stream="pipe-out").toArrow().to_pydict()
+    got = sorted(zip(out["partition"], out["offset"], out["key"], out["value"], [dict(h)["from"] for h in out["headers"]]))
+    assert got == [(p, i, b"k%d" % i, b"M%d-%d" % (p, i), str(i).encode()) for p in range(2) for i in range(300)]
