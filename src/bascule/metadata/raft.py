@@ -90,6 +90,10 @@ def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncOb
         connectionRetryTime=0.5,
         autoTickPeriod=0.1,
         leaderFallbackTimeout=3.0,
+        # Peers are named by host: a restarted container comes back at a new address, which a
+        # 10-minute DNS cache (pysyncobj's default) would keep out of the group.
+        dnsCacheTime=2.0,
+        dnsFailCacheTime=1.0,
     )
 
 
