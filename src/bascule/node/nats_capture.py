@@ -14,6 +14,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -25,6 +26,10 @@ BatchHandler = Callable[[list[Delivery]], None]
 RECONNECT_WAIT = 0.2
 CONNECT_TIMEOUT = 5.0
 _CRLF = b"\r\n"
+# MSG <subject> <sid> [reply-to] <#bytes> and HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
+_MSG_LINE = re.compile(rb"MSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+)\r\n")
+_HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)\r\n")
+NAME_CACHE_SIZE = 4096
 
 
 class ProtocolError(Exception):
@@ -40,6 +45,7 @@ class CaptureConnection(asyncio.Protocol):
         self._next_sid = 0
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._names: dict[bytes, str] = {}
         self._greeted = False  # CONNECT sent on this connection (servers repeat INFO later)
         self._pongs: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closing = False
@@ -106,49 +112,56 @@ class CaptureConnection(asyncio.Protocol):
         batches: dict[int, list[Delivery]] = {}
         position = 0
         end = len(buffer)
+        match_msg, match_hmsg = _MSG_LINE.match, _HMSG_LINE.match
         while position < end:
-            line_end = buffer.find(_CRLF, position)
-            if line_end < 0:
-                break
-            op = buffer[position:position + 4]
-            if op == b"MSG " or op == b"HMSG":
-                consumed = self._parse_message(buffer, position, line_end, end, batches)
-                if consumed < 0:
+            line = match_msg(buffer, position)
+            if line is not None:
+                subject, sid, reply, size = line.groups()
+                header_size, total = 0, int(size)
+            elif (line := match_hmsg(buffer, position)) is not None:
+                subject, sid, reply, header_bytes, size = line.groups()
+                header_size, total = int(header_bytes), int(size)
+                if header_size > total:
+                    raise ProtocolError(f"header block of {header_size} bytes in a {total}-byte message")
+            else:
+                line_end = buffer.find(_CRLF, position)
+                if line_end < 0:
                     break
-                position = consumed
+                control = bytes(buffer[position:line_end])
+                if control.startswith((b"MSG", b"HMSG")):
+                    raise ProtocolError(f"bad message line {control[:200]!r}")
+                position = line_end + 2
+                self._control(control)
                 continue
-            line = bytes(buffer[position:line_end])
-            position = line_end + 2
-            self._control(line)
+            payload_start = line.end()
+            payload_end = payload_start + total
+            if payload_end + 2 > end:
+                break  # the rest arrives with a later read
+            if buffer[payload_end:payload_end + 2] != _CRLF:
+                raise ProtocolError("message payload not followed by CRLF")
+            delivery = (self._name(subject), self._name(reply) if reply else "",
+                        bytes(buffer[payload_start + header_size:payload_end]))
+            sid = int(sid)
+            if sid in batches:
+                batches[sid].append(delivery)
+            else:
+                batches[sid] = [delivery]
+            position = payload_end + 2
         del buffer[:position]
         return batches
 
-    def _parse_message(
-        self, buffer: bytearray, start: int, line_end: int, end: int, batches: dict[int, list[Delivery]]
-    ) -> int:
-        """Position after the message, or -1 when its payload has not fully arrived."""
-        fields = bytes(buffer[start:line_end]).split()
-        try:
-            if fields[0] == b"MSG":
-                header_size = 0
-                total = int(fields[-1])
-            else:
-                header_size, total = int(fields[-2]), int(fields[-1])
-            sid = int(fields[2])
-            subject = fields[1].decode()
-            with_reply = len(fields) == (5 if fields[0] == b"MSG" else 6)
-            reply = fields[3].decode() if with_reply else ""
-        except (IndexError, ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"bad message line {bytes(buffer[start:line_end])[:200]!r}") from exc
-        payload_start = line_end + 2
-        payload_end = payload_start + total
-        if payload_end + 2 > end:
-            return -1
-        if buffer[payload_end:payload_end + 2] != _CRLF:
-            raise ProtocolError("message payload not followed by CRLF")
-        payload = bytes(buffer[payload_start + header_size:payload_end])
-        batches.setdefault(sid, []).append((subject, reply, payload))
-        return payload_end + 2
+    def _name(self, raw: bytes) -> str:
+        """A subject as str; decoded once per distinct subject (a stream sees few)."""
+        name = self._names.get(raw)
+        if name is None:
+            try:
+                name = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise ProtocolError(f"subject {raw[:100]!r} is not UTF-8") from exc
+            if len(self._names) >= NAME_CACHE_SIZE:
+                self._names.clear()
+            self._names[raw] = name
+        return name
 
     def _control(self, line: bytes) -> None:
         if line.startswith(b"INFO"):
