@@ -309,3 +309,18 @@ async def test_idle_partitions_auto_pause_and_publishing_resumes_them(tmp_path):
             assert not (await client.fetch_metadata("quiet")).streams["quiet"].partitions[0].paused
             assert (await client.publish("sleepy", b"2")).offset == 1
             assert not (await client.fetch_metadata("sleepy")).streams["sleepy"].partitions[0].paused
+
+
+async def test_subscription_starting_past_its_stop_offset_ends_at_once(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("past", "past")
+            await client.publish_many("past", [b"a", b"b", b"c"], ack_policy="all")
+            got = await asyncio.wait_for(collect_all(client.subscribe("past", offset=2, stop_offset=1)), 5)
+            assert got == []
+            assert [m.offset for m in await collect_all(client.subscribe("past", start="latest", stop_latest=True))] == [2]
+
+
+async def collect_all(iterator):
+    return [item async for item in iterator]

@@ -1,7 +1,9 @@
 """bascule.spark: PySpark 4 batch and streaming reads and writes against a real bascule node.
 
-One SparkSession (local[2]) and one bascule node serve every test here: a session starts in about
-5 s, so they are shared. Every test needs Java 17 and is marked `spark`.
+One SparkSession (local[2]) and one bascule node (a real process) serve every test here: a session
+starts in about 5 s, so it is shared. Tests that need the JVM are marked `spark` and skipped, saying
+so, when there is no `java`; the others check the offset arithmetic, the options, and the readers'
+and writers' planning against the node directly, with no Spark session.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import nats  # noqa: E402
 from bascule.client import Client  # noqa: E402
 from bascule.testing.local import LocalCluster  # noqa: E402
 
+from bascule.spark import BasculeDataSource  # noqa: E402
 from bascule.spark.options import BasculeSparkError, parse_read_options, parse_write_options  # noqa: E402
 from bascule.spark.planning import OffsetRange, cap, plan_ranges, rate_limit, split_ranges  # noqa: E402
 
@@ -109,12 +112,11 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from bascule.spark import BasculeDataSource
-
     session = (
         SparkSession.builder.master("local[2]")
         .appName("bascule-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
@@ -245,7 +247,7 @@ def test_offset_ranges_timestamps_and_min_partitions(spark, broker, orders_table
     from pyspark.sql import functions as F
 
     df = reader(
-        spark, broker, stream="orders", minPartitions="8",
+        spark, broker, stream="orders", minPartitions="8", readISRReplica="true",
         startingOffsets=json.dumps({"orders": {"0": 100, "1": -2}}),
         endingOffsets=json.dumps({"orders": {"0": 200, "2": 50}}),
     )
@@ -265,19 +267,82 @@ def test_offset_ranges_timestamps_and_min_partitions(spark, broker, orders_table
 
 
 @spark_test
-def test_option_errors_are_clear(spark, broker, batch_stream):
-    from pyspark.errors import PySparkException
+def test_option_errors_reach_the_user_clearly(spark, broker, batch_stream):
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     errors = (PySparkException, Py4JJavaError)
-    cases = [  # the option parser's own messages are checked without Spark above
-        ({"stream": "orders", "startingOffsets": "{not json"}, "startingOffsets must be 'earliest', 'latest' or JSON"),
-        ({"stream": "nope"}, "stream 'nope' does not exist"),
-        ({"stream": "orders", "endingOffsets": '{"orders": {"7": 1}}'}, r"names partitions \[7\] of stream 'orders'"),
+    with pytest.raises(errors, match="startingOffsets must be 'earliest', 'latest' or JSON"):
+        reader(spark, broker, stream="orders", startingOffsets="{not json").count()
+    with pytest.raises(errors, match="stream 'nope' does not exist"):
+        reader(spark, broker, stream="nope").count()
+
+
+def plan(broker: str, **options) -> list[OffsetRange]:
+    """What the batch reader plans, without Spark: the ranges of its input partitions."""
+    source = BasculeDataSource({"brokers": broker, **options})
+    return [p.range for p in source.reader(source.schema()).partitions()]
+
+
+def read_plain(broker: str, **options) -> list[tuple[str, int, int, bytes]]:
+    """Every row the batch reader's tasks would give, without Spark: (stream, partition, offset, value)."""
+    source = BasculeDataSource({"brokers": broker, **options})
+    batch_reader = source.reader(source.schema())
+    rows = []
+    for partition in batch_reader.partitions():
+        for batch in batch_reader.read(partition):
+            c = batch.to_pydict()
+            rows += zip(c["stream"], c["partition"], c["offset"], c["value"])
+    return rows
+
+
+def test_planning_against_the_brokers(broker, batch_stream):
+    latest = PER_PARTITION
+    assert plan(broker, stream="orders", endingOffsets='{"orders": {"1": 7}}') == [
+        OffsetRange("orders", 0, 0, latest, False), OffsetRange("orders", 1, 0, 7, False),
+        OffsetRange("orders", 2, 0, latest, False),
+    ]
+    assert plan(broker, assign='{"orders": [2]}', startingOffsets='{"orders": {"2": 9990}}') == [
+        OffsetRange("orders", 2, 9990, latest)
+    ]
+    assert plan(broker, streamPattern="no-such-.*") == []
+    cases = [
+        ({"stream": "orders", "endingOffsets": '{"orders": {"7": 1}}'}, r"names partitions \[7\] of stream 'orders', which has partitions 0\.\.2"),
+        ({"stream": "orders", "startingOffsets": '{"orders": {"0": 10001}}'}, "offset 10001 of orders/0 is beyond its last committed message"),
+        ({"stream": "orders", "startingOffsets": '{"orders": {"0": 50}}', "endingOffsets": '{"orders": {"0": 40}}'},
+         "the starting offset 50 of orders/0 is after its ending offset 40"),
+        ({"stream": "orders", "startingTimestamp": str(time.time_ns() // 1_000_000 + 3_600_000)}, r"no message of orders/\d has a timestamp at or after"),
+        ({"assign": '{"orders": [0, 5]}'}, r"assign names partitions \[5\] of stream 'orders'"),
+        ({"stream": "orders,nope,nope2"}, "streams 'nope', 'nope2' do not exist"),
+        ({"brokers": "127.0.0.1:1", "stream": "orders"}, "no broker answered"),
     ]
     for options, message in cases:
-        with pytest.raises(errors, match=message):
-            reader(spark, broker, **options).count()
+        with pytest.raises(BasculeSparkError, match=message):
+            plan(options.pop("brokers", broker), **options)
+    # startingOffsetsByTimestampStrategy latest: start at the end instead.
+    future = str(time.time_ns() // 1_000_000 + 3_600_000)
+    assert plan(broker, stream="orders", startingTimestamp=future, startingOffsetsByTimestampStrategy="latest") == []
+
+
+def test_a_range_beyond_the_log_times_out_as_data_loss(broker, batch_stream):
+    from bascule.spark.source import BasculeInputPartition
+
+    def read(**options) -> list[int]:
+        source = BasculeDataSource({"brokers": broker, "stream": "orders", "pollTimeoutMs": "300", **options})
+        batch_reader = source.reader(source.schema())
+        beyond = BasculeInputPartition(OffsetRange("orders", 0, PER_PARTITION - 5, PER_PARTITION + 5))
+        return [o for batch in batch_reader.read(beyond) for o in batch.column("offset").to_pylist()]
+
+    with pytest.raises(BasculeSparkError, match=r"offsets 10000\.\.10004 are gone \(the log now ends before them"):
+        read()
+    assert read(failOnDataLoss="false") == list(range(PER_PARTITION - 5, PER_PARTITION))
+
+
+@spark_test
+def test_reading_nothing(spark, broker):
+    run(create(broker, "empty", "empty.in", partitions=2))
+    assert plan(broker, stream="empty") == []
+    assert reader(spark, broker, stream="empty").count() == 0  # Spark reads its stand-in partition
 
 
 @spark_test
@@ -297,20 +362,64 @@ def test_fail_on_data_loss(spark, cluster, broker):
 
     first = run(oldest())
     assert 0 < first < 2000, "retention removed nothing"  # it keeps at most the newest 100
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     needs_removed = {"stream": "short", "startingOffsets": json.dumps({"short": {"0": 0}})}
     with pytest.raises((PySparkException, Py4JJavaError), match=r"data loss in stream 'short' partition 0: offsets 0\.\."):
         reader(spark, broker, **needs_removed).count()
     # Skipping ahead, or starting at "earliest" (which is no loss), reads what is left.
-    left = reader(spark, broker, failOnDataLoss="false", **needs_removed).agg({"offset": "min"}).collect()[0][0]
-    assert left >= first
-    count, lowest = reader(spark, broker, stream="short").selectExpr("count(*)", "min(offset)").collect()[0]
-    assert count == 2000 - lowest
+    skipped = read_plain(broker, failOnDataLoss="false", **needs_removed)
+    assert [r[2] for r in skipped] == list(range(skipped[0][2], 2000)) and skipped[0][2] >= first
+    from_earliest = read_plain(broker, stream="short")
+    assert [r[2] for r in from_earliest] == list(range(from_earliest[0][2], 2000))
 
 
 # ---- streaming -----------------------------------------------------------------------------------
+
+
+def test_stream_offsets_and_data_loss_without_spark(broker):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    run(create(broker, "gone", "gone.in", partitions=2))
+    run(publish_client(broker, "gone", 0, [b"x"] * 10))
+
+    def stream_reader(**options):
+        source = BasculeDataSource({"brokers": broker, "stream": "gone", **options})
+        return source.streamReader(source.schema())
+
+    r = stream_reader(startingOffsets="earliest", maxMessagesPerTrigger="4")
+    start = r.initialOffset()
+    assert start == {"gone": {"0": 0, "1": 0}}
+    assert r.getDefaultReadLimit() == ReadMaxRows(4)
+    end = r.latestOffset(start, ReadMaxRows(4))
+    assert end == {"gone": {"0": 4, "1": 0}}
+    assert [p.range for p in r.partitions(start, end)] == [OffsetRange("gone", 0, 0, 4)]
+    r.prepareForTriggerAvailableNow()  # later messages wait for the next run
+    run(publish_client(broker, "gone", 1, [b"y"] * 5))
+    assert r.latestOffset(end, ReadAllAvailable()) == {"gone": {"0": 10, "1": 0}}
+    assert stream_reader(startingOffsets="latest").initialOffset() == {"gone": {"0": 10, "1": 5}}
+
+    async def delete() -> None:
+        async with Client(broker) as client:
+            await client.delete_stream("gone")
+
+    checkpointed = {"gone": {"0": 10, "1": 5}}
+    run(delete())
+    with pytest.raises(BasculeSparkError, match="data loss: stream 'gone' was deleted"):
+        stream_reader().latestOffset(checkpointed, ReadAllAvailable())
+    assert stream_reader(failOnDataLoss="false").latestOffset(checkpointed, ReadAllAvailable()) == {}
+    run(create(broker, "gone", "gone.in", partitions=1))  # created again, shorter
+    run(publish_client(broker, "gone", 0, [b"z"] * 3))
+    with pytest.raises(BasculeSparkError, match=r"partitions \[1\] of stream 'gone' no longer exist"):
+        stream_reader().latestOffset(checkpointed, ReadAllAvailable())
+    with pytest.raises(BasculeSparkError, match="stream 'gone' partition 0 now ends at offset 2, but the query already read up to offset 9"):
+        stream_reader().latestOffset({"gone": {"0": 10}}, ReadAllAvailable())
+    lenient = stream_reader(failOnDataLoss="false")
+    end = lenient.latestOffset(checkpointed, ReadAllAvailable())
+    assert end == {"gone": {"0": 3}}
+    assert [p.range for p in lenient.partitions(checkpointed, end)] == [OffsetRange("gone", 0, 0, 3, False)]
+
 
 
 @spark_test
@@ -318,9 +427,11 @@ def test_a_restarted_streaming_query_reads_every_message_exactly_once(spark, clu
     run(create(broker, "evt-a", "evt.a", partitions=2))
     for p in range(2):
         run(publish_client(broker, "evt-a", p, [b"a%d-%d" % (p, i) for i in range(600)]))
-    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    checkpoint = str(tmp_path / "checkpoint")
+    rows = []
 
-    def run_query() -> list:
+    def run_query() -> list[int]:
+        """One run, from the checkpoint; foreachBatch collects every micro-batch's rows here."""
         stream = (
             spark.readStream.format("bascule")
             .option("brokers", broker)
@@ -330,11 +441,10 @@ def test_a_restarted_streaming_query_reads_every_message_exactly_once(spark, clu
             .load()
         )
         query = (
-            stream.writeStream.format("parquet")
-            .option("path", out)
+            stream.select("stream", "partition", "offset", "value").writeStream
+            .foreachBatch(lambda batch, batch_id: rows.extend(batch.collect()))
             .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
+            .trigger(availableNow=True).start()
         )
         query.awaitTermination(120)
         assert not query.isActive
@@ -350,7 +460,6 @@ def test_a_restarted_streaming_query_reads_every_message_exactly_once(spark, clu
     run(publish_client(broker, "evt-b", 0, [b"b0-%d" % i for i in range(300)]))
     assert sum(run_query()) == 400 + 300
 
-    rows = spark.read.parquet(out).select("stream", "partition", "offset", "value").collect()
     seen = Counter((r["stream"], r["partition"], r["offset"]) for r in rows)
     assert max(seen.values()) == 1, "a message was read twice"
     expected = {("evt-a", p, i) for p in range(2) for i in range(800)} | {("evt-b", 0, i) for i in range(300)}
@@ -407,23 +516,41 @@ def test_a_write_lands_in_order_per_partition_and_reads_back_equal(spark, broker
 
 
 @spark_test
-def test_write_errors_are_clear(spark, broker):
-    from pyspark.errors import PySparkException
+def test_a_failed_ack_fails_the_write_with_the_reason(spark, broker):
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
-    errors = (PySparkException, Py4JJavaError)
-    df = spark.createDataFrame([("a", 5)], "value string, partition int")
-    with pytest.raises(errors, match="cannot write to partition 5 of stream 'sink'"):
-        df.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
-    with pytest.raises(errors, match="needs a 'value' column"):
-        df.select("partition").write.format("bascule").mode("append").option("brokers", broker).option(
-            "stream", "sink").save()
     huge = spark.createDataFrame([(b"x" * (1024 * 1024 + 10),)], "value binary")
-    with pytest.raises(errors, match=r"publishing to stream 'sink' partition 0 failed .*exceeds the limit"):
+    with pytest.raises((PySparkException, Py4JJavaError), match=r"publishing to stream 'sink' partition 0 failed: .*exceeds the limit of 1048576"):
         huge.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
-    with pytest.raises(errors, match="cannot write to stream 'missing': it does not exist"):
-        df.select("value").write.format("bascule").mode("append").option("brokers", broker).option(
-            "stream", "missing").save()
+
+
+def test_write_errors_without_spark(broker):
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from bascule.spark import io
+
+    options = {"brokers": broker, "stream": "sink"}
+    source = BasculeDataSource(options)
+    with pytest.raises(BasculeSparkError, match="needs a 'value' column"):
+        source.writer(StructType([StructField("partition", IntegerType())]), False)
+    with pytest.raises(BasculeSparkError, match="column 'value' must be binary or string, not bigint"):
+        source.writer(StructType([StructField("value", LongType())]), False)
+    with pytest.raises(BasculeSparkError, match="streams are append-only"):
+        source.writer(StructType([StructField("value", StringType())]), True)
+    with pytest.raises(BasculeSparkError, match="the option 'stream', or a 'stream' column"):
+        BasculeDataSource({"brokers": broker}).writer(StructType([StructField("value", StringType())]), False)
+
+    async def publish(stream: str, partition: int | None) -> None:
+        async with Client(broker) as client:
+            publisher = io.Publisher(client, "all", 100, "key")
+            await publisher.publish_rows([stream], [partition], [None], [b"v"], [None])
+
+    run(create(broker, "sink-errors", "sink.errors", partitions=3))
+    with pytest.raises(BasculeSparkError, match="cannot write to partition 5 of stream 'sink-errors': it has partitions 0..2"):
+        run(publish("sink-errors", 5))
+    with pytest.raises(BasculeSparkError, match="cannot write to stream 'missing': it does not exist"):
+        run(publish("missing", None))
 
 
 @spark_test

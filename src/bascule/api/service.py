@@ -191,11 +191,11 @@ class API(api_pb2_grpc.APIServicer):
         replica = local.replica
         bounds = positions.LogBounds(replica.log.oldest_offset, replica.log.newest_offset, replica.high_watermark)
         try:
-            return (
-                replica,
-                positions.start_offset(request, bounds, replica.log.offset_for_timestamp),
-                positions.stop_rule(request, bounds),
-            )
+            start = positions.start_offset(request, bounds, replica.log.offset_for_timestamp)
+            stop = positions.stop_rule(request, bounds)
+            if stop.offset is not None and start > stop.offset:
+                raise positions.EndOfStream("Stop offset reached")  # nothing to send: end now, not wait
+            return replica, start, stop
         except positions.PositionError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ RETRIABLE = {
     grpc.StatusCode.UNKNOWN,
 }
 ATTEMPTS = 5
+PUBLISH_RETRIABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION}
+PUBLISH_ATTEMPTS = 3
 
 
 # ---- event loops ---------------------------------------------------------------------------------
@@ -276,19 +277,16 @@ def _record_batch(messages: list[Message], stream: str, partition: int, schema: 
     if "subject" in names:
         columns["subject"] = pa.array([m.subject for m in messages], pa.string())
     if "headers" in names:
-        ends, header_names, header_values = [0], [], []
+        # The client shares one headers dict among messages with identical headers: convert each once.
+        pairs: dict[int, list] = {}
+        rows = []
         for m in messages:
             headers = m.headers
-            if headers:
-                header_names.extend(headers)
-                header_values.extend(headers.values())
-            ends.append(len(header_names))
-        columns["headers"] = pa.MapArray.from_arrays(
-            pa.array(ends, pa.int32()),
-            pa.array(header_names, pa.string()),
-            pa.array(header_values, pa.binary()),
-            type=schema.field("headers").type,
-        )
+            converted = pairs.get(id(headers))
+            if converted is None:
+                converted = pairs[id(headers)] = list(headers.items())
+            rows.append(converted)
+        columns["headers"] = pa.array(rows, schema.field("headers").type)
     return pa.RecordBatch.from_arrays([columns[name] for name in names], schema=schema)
 
 
@@ -315,7 +313,7 @@ class _RangeReader:
 
     async def fill(self) -> None:
         """Until the batch is full or the subscription is over (`ended`). Raises TimeoutError when no
-        message came for pollTimeoutMs; the deadline moves on (about once a second) as messages come."""
+        message came for pollTimeoutMs; the deadline moves on (at most once a second) as messages come."""
         loop = asyncio.get_running_loop()
         timeout = self.options.poll_timeout_ms / 1000
         limit, r, batch, messages = self.options.max_batch_rows, self.r, self.batch, self.messages
@@ -343,10 +341,11 @@ class _RangeReader:
                     if expected >= end:
                         self.ended = True
                         return
-                    now = loop.time()
-                    if now > move_at:
-                        deadline.reschedule(now + timeout)
-                        move_at = now + 1.0
+                    if not len(batch) & 255:  # the clock looked at every 256 messages only
+                        now = loop.time()
+                        if now > move_at:
+                            deadline.reschedule(now + timeout)
+                            move_at = now + 1.0
         finally:
             self.expected = expected
 
@@ -496,26 +495,32 @@ class Publisher:
         done = self.published.setdefault((stream, partition), PublishedRange())
         for begin in range(0, len(rows), self.batch_size):
             chunk = rows[begin : begin + self.batch_size]
-            try:
-                acks = await self.client.publish_many(
-                    stream,
-                    [values[i] for i in chunk],
-                    keys=[keys[i] for i in chunk],
-                    headers=[headers[i] for i in chunk],
-                    partition=partition,
-                    ack_policy=self.ack_policy,
-                )
-            except BasculeError as exc:
-                raise BasculeSparkError(
-                    f"publishing to stream {stream!r} partition {partition} failed after {done.count} "
-                    f"acknowledged messages from this task: {exc}"
-                ) from exc
+            delay = 0.2
+            for attempt in range(PUBLISH_ATTEMPTS):
+                try:
+                    acks = await self.client.publish_many(
+                        stream,
+                        [values[i] for i in chunk],
+                        keys=[keys[i] for i in chunk],
+                        headers=[headers[i] for i in chunk],
+                        partition=partition,
+                        ack_policy=self.ack_policy,
+                    )
+                    break
+                except BasculeError as exc:
+                    # A leader that moved or a broker that restarted: the batch again (at least once).
+                    # A refused message (an async error, code UNKNOWN) is final.
+                    if exc.code in PUBLISH_RETRIABLE and attempt < PUBLISH_ATTEMPTS - 1:
+                        log.info("publishing to %s/%s: %s; again in %.1f s", stream, partition, exc, delay)
+                        await asyncio.sleep(delay)
+                        delay *= 2
+                        continue
+                    raise BasculeSparkError(
+                        f"publishing to stream {stream!r} partition {partition} failed: {exc} (this task had "
+                        f"{done.count} messages acknowledged there before the failing batch of {len(chunk)})"
+                    ) from exc
             if acks:
                 if done.first_offset < 0:
                     done.first_offset = acks[0].offset
                 done.last_offset = acks[-1].offset
             done.count += len(chunk)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000

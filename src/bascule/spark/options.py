@@ -119,11 +119,15 @@ def _per_partition_json(option: str, text: str, what: str) -> dict[str, dict[int
             try:
                 partition_id = int(partition)
             except (TypeError, ValueError):
-                raise BasculeSparkError(f"{option}: partition {partition!r} of stream {stream!r} is not a number") from None
+                raise BasculeSparkError(
+                    f"{option}: partition {partition!r} of stream {stream!r} is not a number"
+                ) from None
             if partition_id < 0:
                 raise BasculeSparkError(f"{option}: partition {partition_id} of stream {stream!r} is negative")
             if isinstance(number, bool) or not isinstance(number, int):
-                raise BasculeSparkError(f"{option}: the {what} for {stream}/{partition} must be an integer, got {number!r}")
+                raise BasculeSparkError(
+                    f"{option}: the {what} for {stream}/{partition} must be an integer, got {number!r}"
+                )
             result[stream][partition_id] = number
     return result
 
@@ -186,7 +190,9 @@ def _selection(options: Mapping[str, str]) -> Selection:
                 raise ValueError(f"the partitions of {stream!r} must be a list of partition numbers")
             assign[stream] = tuple(sorted(set(partitions)))
     except ValueError as exc:
-        raise BasculeSparkError(f'assign must be JSON such as {{"orders": [0, 1]}}; cannot use {text!r}: {exc}') from None
+        raise BasculeSparkError(
+            f'assign must be JSON such as {{"orders": [0, 1]}}; cannot use {text!r}: {exc}'
+        ) from None
     return Selection(assign=assign)
 
 
@@ -291,7 +297,8 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
     else:
         starting = OffsetSpec("latest" if streaming else "earliest")
 
-    ending_given = [n for n in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if options.get(n, "").strip()]
+    ending_names = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
+    ending_given = [n for n in ending_names if options.get(n, "").strip()]
     if streaming and ending_given:
         raise BasculeSparkError(f"{CANONICAL[ending_given[0]]} is for batch queries only; a streaming query has no end")
     if options.get("endingtimestamp", "").strip():
@@ -311,7 +318,9 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
             if selection.assign is not None and stream in selection.assign:
                 missing = set(spec.offsets[stream]) - set(selection.assign[stream])
                 if missing:
-                    raise BasculeSparkError(f"{name} name partitions {sorted(missing)} of {stream!r}, which assign does not")
+                    raise BasculeSparkError(
+                        f"{name} name partitions {sorted(missing)} of {stream!r}, which assign does not"
+                    )
             elif not selection.matches(stream):
                 raise BasculeSparkError(f"{name} name stream {stream!r}, which {selection.describe()} does not select")
 

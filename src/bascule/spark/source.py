@@ -168,7 +168,8 @@ class _Reader:
     schema: StructType
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, BasculeInputPartition), partition
+        if not isinstance(partition, BasculeInputPartition):
+            return iter(())  # Spark's stand-in InputPartition(None) when there is nothing to read
         arrow_schema = _arrow_schema(self.schema)
         options, r = self.options, partition.range
         return io.iterate(lambda: io.read_range(options, r, arrow_schema))
@@ -263,8 +264,7 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
                 end = rate_limit(from_, end, max_rows)
             if self._target is not None:
                 end = cap(end, self._target, begin)
-            # Streams no longer selected or deleted (failOnDataLoss false) keep their last offsets
-            # out of the checkpoint; the ones still there but gone quiet keep theirs.
+            # A stream that is gone (failOnDataLoss false) drops out of the offsets.
         elif self._target is not None:
             end = cap(end, self._target, {})
         self._last_end = end
@@ -314,6 +314,13 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         """A partition whose end is below the checkpointed start: a lagging HW on a new leader
         (its log still reaches the start: wait), or a log that lost messages (data loss)."""
         checked: Offsets = {}
+        for s, parts in begin.items():
+            vanished = sorted(set(parts) - set(end.get(s, parts)))
+            if vanished and self.options.fail_on_data_loss:
+                raise BasculeSparkError(
+                    f"data loss: partitions {vanished} of stream {s!r} no longer exist (the stream was deleted and "
+                    "created again with fewer partitions). Set failOnDataLoss to false to go on without them."
+                )
         for s, parts in end.items():
             for p, e in parts.items():
                 b = begin.get(s, {}).get(p)
@@ -446,7 +453,10 @@ class _Rows:
         keys = get("key") if self.key else [None] * n
         if self.key == "string":
             keys = [None if k is None else k.encode() for k in keys]
-        headers = [_headers(h, self.headers, self.header_values) for h in get("headers")] if self.headers else [None] * n
+        if self.headers:
+            headers = [_headers(h, self.headers, self.header_values) for h in get("headers")]
+        else:
+            headers = [None] * n
         partitions = [None if p is None else int(p) for p in get("partition")] if self.partition else [None] * n
         streams = get("stream") if self.stream else [None] * n
         return streams, partitions, keys, values, headers
