@@ -15,6 +15,8 @@ from typing import Any, Callable, TypeVar
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.monotonic import monotonic
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
@@ -113,6 +115,21 @@ class MetadataRaft:
         self._sync = SyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
+        self._sync.addOnTickCallback(self._expire_unanswered_connects)
+
+    def _expire_unanswered_connects(self) -> None:
+        """Drop connects to peers that got no answer within connectionTimeout (runs on the tick thread).
+
+        pysyncobj checks a connection's timeout only when its socket has an event, and a connect to an
+        address nobody holds (a peer restarted at another address) has none until the kernel gives up its
+        SYN retries, a minute or two later. Dropped, the next attempt resolves the peer's name again.
+        """
+        transport = self._sync._SyncObj__transport
+        timeout = self._sync.conf.connectionTimeout
+        for connection in list(transport._connections.values()):
+            started = connection._TcpConnection__lastReadTime  # set by connect()
+            if connection.state == CONNECTION_STATE.CONNECTING and monotonic() - started > timeout:
+                connection.disconnect()
 
     def _applied(self) -> None:
         self._loop.call_soon_threadsafe(self._on_change)

@@ -24,13 +24,15 @@ metadata are the ones a client on the host connects to, as Liftbridge clients (w
 leaders by their advertised address) need. Nothing is published on other interfaces.
 
 Without Ryuk nothing reaps containers left by an interrupted run: everything made here carries the label
-`LABEL`, and `remove_leftovers()` removes all such containers and networks.
+`LABEL`, and `OWNER_LABEL` naming the process that made it; `remove_leftovers()` removes those whose
+process is gone (those of test sessions running at the same time stay).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,6 +63,7 @@ DEFAULT_IMAGE = "localhost/bascule:latest"
 DEFAULT_NATS_IMAGE = "localhost/bascule-nats:latest"
 PODMAN_SOCKET = "/run/podman/podman.sock"
 LABEL = "io.github.bascule.testing"
+OWNER_LABEL = "io.github.bascule.testing.owner"  # host:pid of the process that made the container
 LOOPBACK = "127.0.0.1"
 NATS_PORT = 4222
 RAFT_PORT = 9393
@@ -98,25 +101,53 @@ def use_podman(socket: str = PODMAN_SOCKET) -> None:
     testcontainers_config.connection_mode_override = ConnectionMode(os.environ["TESTCONTAINERS_CONNECTION_MODE"])
 
 
-def remove_leftovers() -> int:
-    """Remove every container and network labelled `LABEL` (left by runs that could not clean up);
-    returns how many containers were removed."""
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _stale(labels: Mapping[str, str] | None, own: bool) -> bool:
+    """Whether a labelled container or network was left by a process of this machine that is gone
+    (or, with `own`, made by this one)."""
+    owner = (labels or {}).get(OWNER_LABEL)
+    if owner is None:
+        return True  # made by an older version of this module
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's, on a shared engine: not ours to judge
+    if int(pid) == os.getpid():
+        return own
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def remove_leftovers(*, own: bool = False, all_sessions: bool = False) -> int:
+    """Remove the containers and networks labelled `LABEL` that processes now gone left behind (runs that
+    could not clean up); `own` adds this process's, `all_sessions` takes every one. Returns how many
+    containers were removed."""
     import docker
 
     client = docker.from_env()
     try:
-        containers = client.containers.list(all=True, filters={"label": LABEL})
-        for container in containers:
-            container.remove(force=True, v=True)
+        removed = 0
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            if all_sessions or _stale(container.labels, own):
+                container.remove(force=True, v=True)
+                removed += 1
         for network in client.networks.list(filters={"label": LABEL}):
-            network.remove()
-        return len(containers)
+            if all_sessions or _stale(network.attrs.get("Labels"), own):
+                network.remove()
+        return removed
     finally:
         client.close()
 
 
 def _labels(**extra: str) -> dict[str, str]:
-    return {LABEL: "true", **extra}
+    return {LABEL: "true", OWNER_LABEL: _owner(), **extra}
 
 
 def _publish_on_loopback(container: DockerContainer, port: int, host_port: int | None) -> None:
@@ -188,7 +219,11 @@ class NatsContainer(_Node):
     """nats-server alone (the NATS image), published on 127.0.0.1; on a network, reachable as `alias`."""
 
     def __init__(
-        self, image: str | None = None, *, network: Network | None = None, alias: str = "nats",
+        self,
+        image: str | None = None,
+        *,
+        network: Network | None = None,
+        alias: str = "nats",
         name: str | None = None,
     ) -> None:
         super().__init__(image or default_nats_image())
@@ -372,10 +407,10 @@ class BasculeCluster:
 
     stable_addresses (the default): each node has a fixed IP address on the network, which it keeps when
     restarted, and gives up a TCP connect that gets no answer after about 7 s (sysctl
-    net.ipv4.tcp_syn_retries=2, inside its own network namespace). bascule's Raft peers (pysyncobj) keep
-    a peer's resolved address for 10 minutes and wait on a connect that gets no answer for as long as the
-    kernel retries it: with the engine's usual dynamic addresses a restarted node, back at another
-    address, stays cut off from the metadata group for minutes. False gives the engine's defaults.
+    net.ipv4.tcp_syn_retries=2, inside its own network namespace). bascule's Raft transport (pysyncobj)
+    waits on a connect that gets no answer for as long as the kernel retries it: with the engine's usual
+    dynamic addresses, a node restarted at another address stays cut off from the metadata group until the
+    peers' connects to its old address fail (70 s and more). False gives the engine's defaults.
 
     Use it as a context manager, or call `start` and `stop`; leaving the ``with`` block removes every
     container and the network, whatever happened.
@@ -513,5 +548,9 @@ class BasculeCluster:
         """The end of every container's log, for a failure message."""
         parts = []
         for container in [*([self.nats] if self.nats else []), *self.nodes]:
-            parts.append(f"--- {container._describe()} ---\n{container.logs(lines)}")
+            try:
+                state = container.state()
+            except Exception as exc:  # noqa: BLE001 - for error messages only
+                state = f"state unknown: {exc}"
+            parts.append(f"--- {container._describe()} ({state}) ---\n{container.logs(lines)}")
         return "\n".join(parts)
