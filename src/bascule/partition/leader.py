@@ -7,6 +7,7 @@ and its pure ``IsrTracker``; this module only decodes requests and sends replies
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -20,6 +21,7 @@ from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RESPONSE_OVERHEAD = 64  # envelope, epoch and HW, with room to spare
 
@@ -50,12 +52,8 @@ class LeaderEndpoint:
         self._subscriptions = []
 
     async def _on_fetch(self, msg: Msg) -> None:
-        try:
-            request = envelope.decode_message(
-                msg.data, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest
-            )
-        except envelope.EnvelopeError as exc:
-            log.warning("dropping malformed replication request on %s: %s", msg.subject, exc)
+        request = _decode(msg, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest)
+        if request is None:
             return
         replica = self.replica
         replica.fence(request.leaderEpoch)
@@ -69,12 +67,8 @@ class LeaderEndpoint:
         await self.nc.publish(msg.reply, replicate.encode_response(replica.leader_epoch, replica.high_watermark, data))
 
     async def _on_epoch_query(self, msg: Msg) -> None:
-        try:
-            request = envelope.decode_message(
-                msg.data, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest
-            )
-        except envelope.EnvelopeError as exc:
-            log.warning("dropping malformed epoch query on %s: %s", msg.subject, exc)
+        request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)
+        if request is None:
             return
         self.replica.fence(request.currentLeaderEpoch)
         if not self.replica.is_leader or not msg.reply or request.currentLeaderEpoch != self.replica.leader_epoch:
@@ -84,6 +78,15 @@ class LeaderEndpoint:
         await self.nc.publish(
             msg.reply, envelope.encode_message(response, envelope.MsgType.LEADER_EPOCH_OFFSET_RESPONSE)
         )
+
+
+def _decode(msg: Msg, msg_type: envelope.MsgType, message_class: type[T]) -> T | None:
+    """The request in ``msg``, or None (logged) when it is garbage: the leader keeps serving."""
+    try:
+        return envelope.decode_message(msg.data, msg_type, message_class)
+    except envelope.EnvelopeError as exc:
+        log.warning("dropping malformed %s on %s: %s", msg_type.name.lower().replace("_", " "), msg.subject, exc)
+        return None
 
 
 def encode_notification(stream: str, partition: int) -> bytes:

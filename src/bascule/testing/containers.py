@@ -43,7 +43,7 @@ from docker.types import EndpointConfig
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from bascule.testing.local import LocalProcessError, _flat_config, free_port
+from bascule.testing.local import LocalProcessError, _flat_config, free_port, wait_for_brokers
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -361,31 +361,15 @@ class BasculeContainer(_Node):
 
     def wait_ready(self, timeout: float | None = None, brokers: Sequence[str] = ()) -> None:
         """Until FetchMetadata lists this node's broker id and every id in `brokers`."""
-        import grpc
-
-        from bascule.wire.pb import api_pb2, api_pb2_grpc
-
         timeout = self.ready_timeout if timeout is None else timeout
-        expected = {self.server_id, *brokers}
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
-        with grpc.insecure_channel(self.get_broker(), options=options) as channel:
-            stub = api_pb2_grpc.APIStub(channel)
-            while True:
-                if self.state() != "running":
-                    raise self._error(f"{self._describe()} exited before it was ready")
-                try:
-                    response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
-                    listed = {broker.id for broker in response.brokers}
-                    if expected <= listed:
-                        return
-                    last = f"FetchMetadata lists {sorted(listed)}, waiting for {sorted(expected - listed)}"
-                except grpc.RpcError as exc:
-                    last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
-                if time.monotonic() > deadline:
-                    raise self._error(f"{self._describe()} not ready after {timeout:.0f} s; last: {last}")
-                time.sleep(0.2)
+
+        def check_running() -> None:
+            if self.state() != "running":
+                raise self._error(f"{self._describe()} exited before it was ready")
+
+        last = wait_for_brokers(self.get_broker(), {self.server_id, *brokers}, timeout, check_running)
+        if last is not None:
+            raise self._error(f"{self._describe()} not ready after {timeout:.0f} s; last: {last}")
 
     def restart(self, wait: bool = True, *, graceful: bool = True, brokers: Sequence[str] = ()) -> None:
         """Stop (SIGTERM, or SIGKILL when not `graceful`) if running, start again; with `wait`, until ready."""

