@@ -49,7 +49,7 @@ import time
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ FULL_COUNTS = {
     "capture": 500_000,
     "acked": 200_000,
     "consume": 200_000,
-    "durable": 100_000,
+    "durable": 50_000,
     "ceiling": 1_000_000,
     "scale": 300_000,
     "restart": 1_000_000,
@@ -1081,7 +1081,8 @@ async def _acked_run(ctx: Context, kind: str, spec: dict[str, Any], count: int, 
         cpu = CpuMeter(cpu_pids).start()
         t0 = _now()
         worker.go()
-        result = await worker.result(timeout=ctx.args.stall_timeout + count / 500)
+        # a cap against hangs, not a pace: fsync-bound acked publishes can run at a few hundred a second
+        result = await worker.result(timeout=ctx.args.stall_timeout + count / 100)
         cpu.stop()
     metrics = _latency_metrics(result, t0, count, prefix)
     metrics[f"{prefix}cpu_us_per_msg"] = 1e6 * cpu.seconds / count
@@ -1694,6 +1695,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=None, help="trials per scenario and system (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="short smoke run: small counts, 1 trial")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' = stdout)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown to PATH")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--size", type=int, default=100, help="message payload bytes (default 100)")
     parser.add_argument("--window", type=int, default=1000, help="acked publishes in flight (default 1000)")
@@ -1797,6 +1799,27 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def format_markdown(report: dict[str, Any]) -> str:
+    """The same table as format_table, as Markdown (for benchmarks/RESULTS.md)."""
+    out = ["| scenario | metric | unit | bascule | JetStream | NATS | bascule/JetStream |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for name, entry in report["scenarios"].items():
+        for row in entry.get("summary", []):
+            med, spread = row["medians"], row.get("spread", {})
+            cells = []
+            for s in (BASCULE, JETSTREAM, NATS):
+                cell = _fmt(med.get(s)) if med.get(s) is not None else ""
+                if s in spread:
+                    cell += f" ±{min(999, round(50 * spread[s]))}%"
+                cells.append(cell)
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f} {'↑' if row['higher_is_better'] else '↓'}"
+            out.append(f"| {name} | {row['metric']} | {row['unit']} | {' | '.join(cells)} | {ratio} |")
+        errors = [t["error"] for trials in entry["trials"].values() for t in trials if "error" in t]
+        if errors:
+            out.append(f"| {name} | {len(errors)} failed trial(s) | | | | | |")
+    return "\n".join(out) + "\n"
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = dict(QUICK_COUNTS if args.quick else FULL_COUNTS)
     for key in ("capture", "acked", "consume", "durable", "ceiling", "scale", "restart"):
@@ -1884,15 +1907,18 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    table = format_table(report)
+    out = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON with --json -
     print(f"machine: {report['machine']['nproc']} x {report['machine']['cpu_model']}; load average "
-          f"{report['machine']['loadavg_at_start']} -> {report['machine']['loadavg_at_end']}")
-    print(table)
+          f"{report['machine']['loadavg_at_start']} -> {report['machine']['loadavg_at_end']}", file=out)
+    print(format_table(report), file=out)
     if report.get("profiles"):
+        print(f"\nprofiles (raw collapsed stacks and full summaries in {args.profile}):", file=out)
         for label, summary in report["profiles"].items():
-            print()
+            print(file=out)
             print(format_profile(label, {**summary, "self": summary["self"][:10],
-                                         "inclusive": summary["inclusive"][:10]}), end="")
+                                         "inclusive": summary["inclusive"][:10]}), end="", file=out)
+    if args.markdown:
+        Path(args.markdown).write_text(format_markdown(report))
     if args.json:
         text = json.dumps(report, indent=2, default=str)
         if args.json == "-":
