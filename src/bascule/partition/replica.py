@@ -79,6 +79,8 @@ class PartitionReplica:
         self._notify_followers = notify_followers
         self._pending: list[tuple[Record, Outcome | None]] = []
         self._flush_scheduled = False
+        self._awaiting_sync: list[tuple[int, Outcome | None]] = []  # written, not yet fsynced
+        self._syncing = False
         self._acks = PendingAcks()
         self._data_changed = asyncio.Event()
         self._closed = False
@@ -148,9 +150,10 @@ class PartitionReplica:
 
     # ---- leader: appends, fetches, acks -------------------------------------------------------
 
-    def submit(self, record: Record, on_written: Outcome | None = None) -> None:
-        """Queue a record for this turn's append; ``on_written`` learns its offset once written
-        (and synced, under the ``always`` policy)."""
+    def submit(self, record: Record, on_written: Outcome | None = None, linger: float = 0.0) -> None:
+        """Queue a record for this turn's append (or, with ``linger``, for an append that many
+        records arriving one per turn share); ``on_written`` learns its offset once written (and
+        synced, under the ``always`` policy)."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
         if self.tracker is None:
@@ -158,12 +161,15 @@ class PartitionReplica:
         self._pending.append((record, on_written))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            if linger:
+                self._loop.call_later(linger, self._flush)
+            else:
+                self._loop.call_soon(self._flush)
 
-    async def append(self, record: Record) -> int:
+    async def append(self, record: Record, linger: float = 0.0) -> int:
         """Append one record and return its offset once written."""
         written: asyncio.Future[int] = self._loop.create_future()
-        self.submit(record, partial(_settle, written))
+        self.submit(record, partial(_settle, written), linger)
         return await written
 
     def _flush(self) -> None:
@@ -173,8 +179,6 @@ class PartitionReplica:
             return
         try:
             first, _ = self.log.append([record for record, _ in pending], self.leader_epoch)
-            if self.sync_policy.always:
-                self.log.sync()
         except Exception as exc:
             log.exception("append to %s/%s failed", self.stream, self.partition)
             for _, on_written in pending:
@@ -182,13 +186,53 @@ class PartitionReplica:
                     on_written(None, exc)
             return
         self.last_activity = self.clock()
-        for offset, (_, on_written) in enumerate(pending, start=first):
+        written = [(offset, on_written) for offset, (_, on_written) in enumerate(pending, start=first)]
+        if self.sync_policy.always:
+            self._awaiting_sync += written
+            self._start_sync()
+        else:
+            self._written(written, self.log.next_offset)
+
+    def _written(self, written: list[tuple[int, Outcome | None]], durable_end: int) -> None:
+        """Records are in the log (on disk, under ``always``) up to ``durable_end``: tell their
+        writers, let followers fetch them, and commit what the ISR already has."""
+        if self.tracker is None:  # leadership ended while the batch was being synced
+            error = NotLeader(f"{self.stream}/{self.partition} lost leadership before the write was durable")
+            for _, on_written in written:
+                if on_written is not None:
+                    on_written(None, error)
+            return
+        for offset, on_written in written:
             if on_written is not None:
                 on_written(offset, None)
-        waiting = self.tracker.leader_appended(self.log.next_offset)
+        waiting = self.tracker.leader_appended(durable_end)
         if waiting:
             self._notify_followers(self, waiting)
         self._publish_high_watermark()
+
+    def _start_sync(self) -> None:
+        """Group commit: one fsync, in a thread, covers everything written before it started;
+        records written meanwhile wait for the next one."""
+        if self._syncing or not self._awaiting_sync:
+            return
+        self._syncing = True
+        batch, self._awaiting_sync = self._awaiting_sync, []
+        durable_end = self.log.next_offset
+        job = self._loop.run_in_executor(None, self.log.begin_sync())
+        job.add_done_callback(partial(self._synced, batch, durable_end))
+
+    def _synced(self, batch: list[tuple[int, Outcome | None]], durable_end: int, job: asyncio.Future) -> None:
+        self._syncing = False
+        error = job.exception()
+        if error is not None or self._closed:
+            error = error or PartitionClosed(f"{self.stream}/{self.partition} closed")
+            log.error("fsync of %s/%s failed: %s", self.stream, self.partition, error)
+            for _, on_written in batch:
+                if on_written is not None:
+                    on_written(None, error)
+        else:
+            self._written(batch, durable_end)
+        self._start_sync()
 
     def serve_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int) -> bytes:
         """Entries for a follower that has everything below ``log_end_offset``; b"" when caught up
@@ -197,10 +241,13 @@ class PartitionReplica:
         if tracker is None or not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
             return b""
         self._publish_high_watermark()
-        if log_end_offset >= self.log.next_offset:
+        # Only what is durable here (under ``always``) goes to followers: a follower never gets
+        # ahead of what this leader counts as its own log end.
+        available = tracker.leader_log_end - log_end_offset
+        if available <= 0:
             return b""
         # Followers check every entry's CRC as they receive it: no need to check here too.
-        return self.log.read_raw(log_end_offset, max_bytes, check_crc=False)
+        return self.log.read_raw(log_end_offset, max_bytes, check_crc=False, max_entries=available)
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
@@ -295,10 +342,10 @@ class PartitionReplica:
     def _fail_pending(self, error: Exception) -> None:
         for _, on_committed in self._acks.fail_all():
             on_committed(None, error)
-        for _, on_written in self._pending:
+        for _, on_written in self._pending + self._awaiting_sync:
             if on_written is not None:
                 on_written(None, error)
-        self._pending = []
+        self._pending, self._awaiting_sync = [], []
 
     def close(self) -> None:
         if self._closed:

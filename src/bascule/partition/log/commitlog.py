@@ -450,6 +450,25 @@ class CommitLog:
             checkpoint.sync_directory(self.directory)
             self._directory_unsynced = False
 
+    def begin_sync(self) -> Callable[[], None]:
+        """What sync() would do now, as a blocking call to run in another thread. Appends may go
+        on meanwhile; the next sync covers them (group commit)."""
+        fds = [fd for segment in self._segments for fd in segment.take_unsynced()]
+        directory = self.directory if self._directory_unsynced else None
+        self._directory_unsynced = False
+
+        def run() -> None:
+            try:
+                for fd in fds:
+                    os.fsync(fd)
+                if directory is not None:
+                    checkpoint.sync_directory(directory)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        return run
+
     def close(self) -> None:
         """Sync, checkpoint the high watermark and close every file."""
         if self._closed:

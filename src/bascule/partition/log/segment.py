@@ -244,6 +244,14 @@ class Segment:
         self._last_timestamp = None
         self.sync()
 
+    def take_unsynced(self) -> list[int]:
+        """Duplicates of the file descriptors to fsync, for a sync running in another thread (a
+        duplicate stays valid even if the segment is closed meanwhile); the caller closes them."""
+        if not self.unsynced:
+            return []
+        self.unsynced = False
+        return [os.dup(self._log_fd), os.dup(self._index_fd)]
+
     def sync(self) -> None:
         if self.unsynced:
             os.fsync(self._log_fd)
