@@ -48,6 +48,7 @@ REMOTE_ACK_TIMEOUT = 30.0
 NATS_DEFAULT_PORT = 4222
 REGISTRATION_WAIT = 10.0
 ADMIN_TIMEOUT = 2.0
+STREAM_START_WAIT = 5.0
 AUTO_PAUSE_CHECK_INTERVAL = 1.0
 # gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
 # one fsync and one replication round serve a whole window of them instead of one each.
@@ -64,6 +65,7 @@ class LocalPartition:
     follower: FollowerLoop | None = None
     isr_requests: set[tuple[str, bool]] = field(default_factory=set)
     pause_requested: bool = False
+    started: bool = False  # its role and capture are set up (reported to admin queries from then on)
 
 
 class Node:
@@ -273,6 +275,23 @@ class Node:
             "create_stream", name=name, subject=subject, group=group,
             replication_factor=replication_factor, partitions=partitions or 1, settings=settings,
         )
+        await self._wait_until_led(name)
+
+    async def _wait_until_led(self, stream: str) -> None:
+        """Until each partition's leader has started it (its subject captured), so a publish right
+        after CreateStream is not lost; Raft commit alone does not mean the leaders applied it."""
+        deadline = time.monotonic() + STREAM_START_WAIT
+        while time.monotonic() < deadline:
+            leaders = self.read(
+                lambda s: {p.id: p.leader for p in s.streams[stream].partitions.values()} if stream in s.streams else {}
+            )
+            remote = set(leaders.values()) - {self.server_id}
+            reports = await self.gather_replica_reports(ADMIN_TIMEOUT) if remote else {}
+            reports[self.server_id] = self.replica_report()
+            if leaders and all(f"{stream}/{pid}" in reports.get(leader, {}) for pid, leader in leaders.items()):
+                return
+            await asyncio.sleep(0.02)
+        log.warning("stream %s: not every partition leader started within %.0f s", stream, STREAM_START_WAIT)
 
     # ---- reconcile ---------------------------------------------------------------------------
 
@@ -320,6 +339,7 @@ class Node:
         elif not capturing and local.capture is not None:
             self.capture_connection.unsubscribe(local.capture)
             local.capture = None
+        local.started = True
 
     async def _lead(self, local: LocalPartition, stream: Stream, partition: Partition) -> None:
         if local.follower is not None:
@@ -524,7 +544,7 @@ class Node:
         return {
             f"{stream}/{pid}": (local.replica.log.next_offset, local.replica.high_watermark)
             for (stream, pid), local in self.partitions.items()
-            if not local.replica.closed
+            if local.started and not local.replica.closed
         }
 
     async def _on_replicas_request(self, msg: Msg) -> None:
