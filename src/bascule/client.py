@@ -15,8 +15,9 @@ import grpc
 
 from google.protobuf.message import Message as ProtoMessage
 
+from bascule.wire.batches import as_batch_request
 from bascule.wire.entry import decode_entries
-from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, data_pb2_grpc
+from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2_grpc
 
 ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
 START_POSITIONS = {
@@ -390,14 +391,7 @@ def _as_dict(message: ProtoMessage) -> dict:
 
 async def _subscribe_batches(stub: api_pb2_grpc.APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
     """bascule's batch path: stored entries, many per gRPC message, decoded here."""
-    batches = data_pb2_grpc.DataStub(stub.channel).SubscribeBatches(
-        data_pb2.BatchSubscribeRequest(
-            stream=request.stream, partition=request.partition, startPosition=request.startPosition,
-            startOffset=request.startOffset, startTimestamp=request.startTimestamp,
-            readISRReplica=request.readISRReplica, stopPosition=request.stopPosition,
-            stopOffset=request.stopOffset, stopTimestamp=request.stopTimestamp,
-        )
-    )
+    batches = data_pb2_grpc.DataStub(stub.channel).SubscribeBatches(as_batch_request(request))
     stream, partition = request.stream, request.partition
     async for batch in batches:
         # The server CRC-checked these entries as it read them from its log.

@@ -22,6 +22,7 @@ from bascule.node import capture
 from bascule.node.node import LocalPartition, Node
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica
+from bascule.wire.batches import as_subscribe_request
 from bascule.wire.entry import CorruptEntry, Entry, Record, decode_entries, last_offset
 from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, data_pb2_grpc
 
@@ -119,13 +120,11 @@ class API(api_pb2_grpc.APIServicer):
 
     def _metadata(self, state, names: list[str]) -> api_pb2.FetchMetadataResponse:
         response = api_pb2.FetchMetadataResponse()
+        replicas, leaders = state.partitions_per_broker(), state.partitions_led_by()
         for broker in state.brokers.values():
             response.brokers.add(
                 id=broker.id, host=broker.host, port=broker.port,
-                partitionCount=sum(
-                    broker.id in p.replicas for s in state.streams.values() for p in s.partitions.values()
-                ),
-                leaderCount=state.partitions_led_by().get(broker.id, 0),
+                partitionCount=replicas.get(broker.id, 0), leaderCount=leaders.get(broker.id, 0),
             )
         for name in names or sorted(state.streams):
             stream = state.streams.get(name)
@@ -353,13 +352,7 @@ class Data(data_pb2_grpc.DataServicer):
         self.api = api
 
     async def SubscribeBatches(self, request, context):
-        as_subscribe = api_pb2.SubscribeRequest(
-            stream=request.stream, partition=request.partition, startPosition=request.startPosition,
-            startOffset=request.startOffset, startTimestamp=request.startTimestamp,
-            readISRReplica=request.readISRReplica, stopPosition=request.stopPosition,
-            stopOffset=request.stopOffset, stopTimestamp=request.stopTimestamp,
-        )
-        replica, offset, stop = await self.api._open_subscription(as_subscribe, context)
+        replica, offset, stop = await self.api._open_subscription(as_subscribe_request(request), context)
         max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
         async for chunk, last in self.api._committed_chunks(replica, offset, max_bytes, context):
             kept = stop.cut(chunk, last)
