@@ -188,3 +188,13 @@ def test_refused_isr_changes(kind, replica, args, reason):
 
 def test_isr_change_of_a_leaderless_partition_is_refused():
     assert change(IsrChangeKind.SHRINK, "a", leader=None).reason == "stale leader"
+
+
+def test_reports_against_a_just_elected_leader_wait_out_its_grace():
+    from bascule.partition.replication.election import LeaderFailureReports, ReportVerdict
+
+    reports = LeaderFailureReports(election_grace=1.0)
+    reports.elected("p", 3, now=10.0)
+    early = reports.report("p", "b", 3, "c", leader="b", epoch=3, isr={"b", "c"}, now=10.5)
+    late = reports.report("p", "b", 3, "c", leader="b", epoch=3, isr={"b", "c"}, now=11.5)
+    assert (early, late) == (ReportVerdict.STALE, ReportVerdict.LEADER_FAILED)

@@ -50,12 +50,8 @@ class MetadataService:
         self.nc = nc
         self.subjects = subjects
         self.clock = clock
-        # A leader this service just elected is not judged for a leader timeout: its followers
-        # may have reported it before it was ready to answer.
-        self.leader_grace = leader_grace
-        self._reports = LeaderFailureReports()
+        self._reports = LeaderFailureReports(election_grace=leader_grace)
         self._positions: dict[tuple[str, int, str], tuple[int, int]] = {}
-        self._elected_at: dict[tuple[str, int], tuple[int, float]] = {}
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.propagate, cb=self._on_propagated)
@@ -146,9 +142,6 @@ class MetadataService:
             raise MetadataError(NOT_FOUND, "no such partition")
         key = (stream, partition)
         self._positions[(stream, partition, reporter)] = (last_epoch, log_end_offset)
-        elected_epoch, elected_at = self._elected_at.get(key, (-1, 0.0))
-        if elected_epoch == current.leader_epoch and self.clock() - elected_at < self.leader_grace:
-            return
         verdict = self._reports.report(
             key, leader, leader_epoch, reporter,
             leader=current.leader, epoch=current.leader_epoch, isr=current.isr, now=self.clock(),
@@ -167,7 +160,7 @@ class MetadataService:
             "change_leader", name=stream, partition=partition, leader=new_leader,
             leader_epoch=current.leader_epoch, isr=isr,
         )
-        self._elected_at[key] = (current.leader_epoch + 1, self.clock())
+        self._reports.elected(key, current.leader_epoch + 1, self.clock())
 
     async def _on_join(self, msg: Msg) -> None:
         if not self.raft.is_leader or not msg.reply:

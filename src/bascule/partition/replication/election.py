@@ -93,9 +93,17 @@ class LeaderFailureReports:
     when a newer one arrives; reaching the quorum clears the partition's reports.
     """
 
-    def __init__(self, report_ttl: float | None = None) -> None:
+    def __init__(self, report_ttl: float | None = None, election_grace: float = 0.0) -> None:
         self.report_ttl = report_ttl
+        # A leader just elected is not judged for this long: its followers may have reported it
+        # before it was ready to answer.
+        self.election_grace = election_grace
         self._reports: dict[Hashable, tuple[str, int, dict[str, float]]] = {}
+        self._elected: dict[Hashable, tuple[int, float]] = {}
+
+    def elected(self, partition: Hashable, epoch: int, now: float) -> None:
+        """A new leader took over ``partition`` in ``epoch`` at ``now`` (starts its grace period)."""
+        self._elected[partition] = (epoch, now)
 
     def report(
         self,
@@ -113,6 +121,9 @@ class LeaderFailureReports:
             return ReportVerdict.STALE
         if reporter == leader or reporter not in isr:
             return ReportVerdict.NOT_A_WITNESS
+        elected_epoch, elected_at = self._elected.get(partition, (-1, 0.0))
+        if elected_epoch == epoch and now - elected_at < self.election_grace:
+            return ReportVerdict.STALE
         current = self._reports.get(partition)
         if current is None or current[0] != leader or current[1] != epoch:
             current = (leader, epoch, {})
