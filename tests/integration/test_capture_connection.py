@@ -53,3 +53,30 @@ async def test_delivers_payloads_subjects_replies_and_survives_a_server_restart(
     finally:
         await capture.close()
         await server.stop()
+
+
+async def test_publish_many_sends_every_message_in_order(tmp_path):
+    server = EmbeddedNats(port=0, log_dir=tmp_path)
+    await server.start()
+    capture = CaptureConnection([server.url], "test-capture")
+    nc = None
+    try:
+        await capture.connect()
+        nc = await nats.connect(server.url)
+        got = []
+
+        async def on_message(msg):
+            got.append((msg.subject, msg.data))
+
+        await nc.subscribe("acks.>", cb=on_message)
+        await nc.flush()
+        sent = [(f"acks.{i % 3}", b"\r\n payload %d" % i) for i in range(500)] + [("acks.empty", b"")]
+        capture.publish_many(sent)
+        await capture.flush()
+        await wait_for(lambda: len(got) == len(sent))
+        assert got == sent
+    finally:
+        if nc is not None:
+            await nc.close()
+        await capture.close()
+        await server.stop()

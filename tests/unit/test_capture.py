@@ -1,6 +1,9 @@
+import pytest
 from hypothesis import given, strategies as st
 
-from bascule.node.capture import ALL, NONE, record_from_nats
+from bascule.node.capture import (
+    ALL, LEADER, NONE, AckRequest, ack_message, capture_batch, encode_acks, record_from_nats,
+)
 from bascule.wire import envelope
 from bascule.wire.pb import api_pb2
 
@@ -43,3 +46,42 @@ def test_truncated_protobuf_in_envelope_is_kept_as_plain_value():
 def test_any_payload_becomes_a_record(data):
     record, _ = record_from_nats(b"\xb9\x0e\x43\xb4" + data, "s", "")
     assert isinstance(record.value, bytes)
+
+
+def _publish(**fields):
+    return envelope.encode_message(api_pb2.Message(**fields), envelope.MsgType.PUBLISH)
+
+
+@pytest.mark.parametrize("inbox", ["has space", "line\r\nPUB evil 1", "tab\there", "\x00"])
+def test_an_ack_inbox_that_is_not_a_subject_gets_no_ack_but_the_message_is_kept(inbox):
+    record, ack = record_from_nats(_publish(value=b"v", ackInbox=inbox, ackPolicy=ALL), "foo", "")
+    assert ack is None and record.value == b"v"
+
+
+def test_capture_batch_pairs_each_ack_with_its_record():
+    deliveries = [
+        ("s", "", b"plain"),
+        ("s", "", _publish(value=b"a", ackInbox="in.a", correlationId="1", ackPolicy=ALL)),
+        ("s", "r", _publish(value=b"b")),
+        ("s", "", _publish(value=b"c", ackInbox="in.c", correlationId="3", ackPolicy=LEADER)),
+    ]
+    batch = capture_batch(deliveries)
+    assert [r.value for r in batch.records] == [b"plain", b"a", b"b", b"c"]
+    assert [(i, a.inbox, a.policy) for i, a in batch.acks] == [(1, "in.a", ALL), (3, "in.c", LEADER)]
+    assert batch.records[2].headers == {"subject": b"s", "reply": b"r"}
+
+
+_names = st.text(st.characters(codec="utf-8", exclude_characters=" "), min_size=1, max_size=30)
+
+
+@given(
+    st.lists(st.tuples(_names, st.text(max_size=20), st.sampled_from([LEADER, ALL]), _names), max_size=20),
+    st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 2**62),
+)
+def test_batch_acks_decode_as_the_acks_built_one_by_one(requests, first_offset, reception, commit):
+    acks = [(i * 2, AckRequest(inbox, cid, policy, subject)) for i, (inbox, cid, policy, subject) in enumerate(requests)]
+    encoded = encode_acks("stream", "partition.subject", first_offset, acks, reception, commit)
+    assert [inbox for inbox, _ in encoded] == [request.inbox for _, request in acks]
+    for (index, request), (_, data) in zip(acks, encoded):
+        expected = ack_message("stream", "partition.subject", first_offset + index, request, reception, commit)
+        assert envelope.decode_message(data, envelope.MsgType.ACK, api_pb2.Ack) == expected

@@ -264,7 +264,7 @@ class API(api_pb2_grpc.APIServicer):
         headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
         record = Record(value=request.value, key=request.key or None, headers=headers)
         if not wait:
-            local.replica.submit(record)
+            local.replica.submit([record])
             return None
         try:
             return await self.node.publish_local(

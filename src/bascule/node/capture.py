@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 LEADER, ALL, NONE = api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: that costs three times as much to build, once per message
 class AckRequest:
     inbox: str
     correlation_id: str
@@ -43,6 +43,25 @@ def _stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
     return cached
 
 
+@dataclass(slots=True)
+class CapturedBatch:
+    """The records of one burst of NATS messages, and the acks they ask for."""
+
+    records: list[Record]
+    acks: list[tuple[int, AckRequest]]  # (index of the record in records, its ack request)
+
+
+def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+    batch = CapturedBatch([], [])
+    records, acks = batch.records, batch.acks
+    for subject, reply, payload in deliveries:
+        record, ack = record_from_nats(payload, subject, reply)
+        if ack is not None:
+            acks.append((len(records), ack))
+        records.append(record)
+    return batch
+
+
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
@@ -53,22 +72,31 @@ def record_from_nats(
         except envelope.EnvelopeError as exc:
             log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
         else:
-            return _record_from_publish(message, headers, subject)
+            return _record_from_publish(message, headers, header_block, subject)
     return Record(value=data, headers=headers, header_block=header_block), None
 
 
 def _record_from_publish(
-    message: api_pb2.Message, headers: dict[str, bytes], subject: str
+    message: api_pb2.Message, headers: dict[str, bytes], header_block: bytes, subject: str
 ) -> tuple[Record, AckRequest | None]:
-    record = Record(
-        value=message.value,
-        key=message.key if message.key else None,
-        headers={**message.headers, **headers},
-    )
+    key = message.key or None
+    if message.headers:
+        record = Record(message.value, key, {**message.headers, **headers})
+    else:
+        record = Record(message.value, key, headers, header_block=header_block)
     ack = None
-    if message.ackInbox and message.ackPolicy != NONE:
-        ack = AckRequest(message.ackInbox, message.correlationId, message.ackPolicy, subject)
+    inbox = message.ackInbox
+    if inbox and message.ackPolicy != NONE:
+        if _is_subject(inbox):
+            ack = AckRequest(inbox, message.correlationId, message.ackPolicy, subject)
+        else:
+            log.warning("not acking a message on %s: its ack inbox %r is not a NATS subject", subject, inbox[:100])
     return record, ack
+
+
+def _is_subject(name: str) -> bool:
+    """Whether name can go on a PUB line as it is: no whitespace, no control characters."""
+    return name.isprintable() and " " not in name
 
 
 def ack_message(
@@ -92,5 +120,31 @@ def ack_message(
     )
 
 
-def encode_ack(ack: api_pb2.Ack) -> bytes:
-    return envelope.encode_message(ack, envelope.MsgType.ACK)
+def encode_acks(
+    stream: str,
+    partition_subject: str,
+    first_offset: int,
+    acks: list[tuple[int, AckRequest]],
+    reception_ns: int,
+    commit_ns: int,
+) -> list[tuple[str, bytes]]:
+    """(inbox, enveloped Ack) for each ack of a batch whose first record is at ``first_offset``.
+
+    The fields a batch's acks share are serialized once and appended to each ack's own
+    fields: protobuf parses concatenated encodings as one message with every field set.
+    """
+    header = envelope.header(envelope.MsgType.ACK)
+    shared: dict[tuple[str, int], bytes] = {}
+    encoded = []
+    for index, request in acks:
+        common = shared.get((request.msg_subject, request.policy))
+        if common is None:
+            common = shared[(request.msg_subject, request.policy)] = api_pb2.Ack(
+                stream=stream, partitionSubject=partition_subject, msgSubject=request.msg_subject,
+                ackPolicy=request.policy, receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
+            ).SerializeToString()
+        own = api_pb2.Ack(
+            offset=first_offset + index, ackInbox=request.inbox, correlationId=request.correlation_id
+        ).SerializeToString()
+        encoded.append((request.inbox, header + own + common))
+    return encoded

@@ -3,9 +3,9 @@
 nats-py spends most of a captured message's cost on its per-message machinery (a
 Msg object, a queue, a task wake-up, a callback). Captured messages need none of
 it: this connection parses whole socket reads at once and hands each subscription
-one list of (subject, reply, payload) per read. It speaks just enough of the NATS
-client protocol for that: CONNECT, SUB/UNSUB, PING/PONG, MSG and HMSG, and it
-reconnects and resubscribes on its own.
+one list of (subject, reply, payload) per read, and writes the acks of a whole batch
+at once. It speaks just enough of the NATS client protocol for that: CONNECT,
+SUB/UNSUB, PUB, PING/PONG, MSG and HMSG, and it reconnects and resubscribes on its own.
 """
 
 from __future__ import annotations
@@ -205,6 +205,13 @@ class CaptureConnection(asyncio.Protocol):
         if self._subscriptions.pop(sid, None) is not None:
             self._handlers.pop(sid, None)
             self._write(f"UNSUB {sid}\r\n".encode())
+
+    def publish_many(self, messages: list[tuple[str, bytes]]) -> None:
+        """Publish each (subject, payload) in one write. Subjects must be valid as they are (no
+        whitespace). While the connection is down they are dropped: this carries acks, whose
+        publishers time out and retry."""
+        self._write(b"".join([b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
+                              for subject, payload in messages]))
 
     @staticmethod
     def _sub_line(sid: int, subject: str, queue: str) -> bytes:

@@ -88,8 +88,6 @@ class Node:
         self._ack_prefix = ""
         self._ack_waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
         self._ack_sequence = 0
-        self._outgoing_acks: list[tuple[str, bytes]] = []
-        self._acks_publishing = False
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -585,53 +583,49 @@ class Node:
         replica = local.replica
 
         def on_messages(deliveries: list[Delivery]) -> None:
+            batch = capture.capture_batch(deliveries)
             try:
-                for subject, reply, payload in deliveries:
-                    record, ack = capture.record_from_nats(payload, subject, reply)
-                    if ack is None:
-                        replica.submit(record)
-                    else:
-                        replica.submit(record, partial(self._captured_write, local, ack, time.time_ns()))
+                if batch.acks:
+                    replica.submit(batch.records, partial(self._captured_write, local, batch.acks, time.time_ns()))
+                else:
+                    replica.submit(batch.records)
             except (NotLeader, PartitionClosed) as exc:
-                log.warning("dropping messages on %s: %s", local.subject, exc)
+                log.warning("dropping %d messages on %s: %s", len(batch.records), local.subject, exc)
                 self._schedule_reconcile()  # stop capturing what this node no longer leads
 
         return on_messages
 
     def _captured_write(
-        self, local: LocalPartition, request: capture.AckRequest, reception_ns: int,
-        offset: int | None, error: BaseException | None,
+        self, local: LocalPartition, acks: list[tuple[int, capture.AckRequest]], reception_ns: int,
+        first_offset: int | None, error: BaseException | None,
     ) -> None:
         if error is not None:
             return  # no ack: the publisher's timeout tells it the write did not happen
-        if request.policy == capture.ALL:
-            local.replica.when_committed(offset, partial(self._captured_commit, local, request, reception_ns))
-        else:
-            self._queue_ack(local, request, reception_ns, offset)
+        on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
+        on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]
+        if on_write:
+            self._send_acks(local, first_offset, on_write, reception_ns)
+        if on_commit:
+            local.replica.when_committed(
+                first_offset + on_commit[-1][0],
+                partial(self._captured_commit, local, first_offset, on_commit, reception_ns),
+            )
 
     def _captured_commit(
-        self, local: LocalPartition, request: capture.AckRequest, reception_ns: int,
-        offset: int | None, error: BaseException | None,
+        self, local: LocalPartition, first_offset: int, acks: list[tuple[int, capture.AckRequest]],
+        reception_ns: int, last_offset: int | None, error: BaseException | None,
     ) -> None:
         if error is None:
-            self._queue_ack(local, request, reception_ns, offset)
+            self._send_acks(local, first_offset, acks, reception_ns)
 
-    def _queue_ack(self, local: LocalPartition, request: capture.AckRequest, reception_ns: int, offset: int) -> None:
-        ack = capture.ack_message(local.replica.stream, local.subject, offset, request, reception_ns, time.time_ns())
-        self._outgoing_acks.append((request.inbox, capture.encode_ack(ack)))
-        if not self._acks_publishing:
-            self._acks_publishing = True
-            self._spawn(self._publish_acks())
-
-    async def _publish_acks(self) -> None:
-        """Publish every queued ack in one task: a task per ack costs more than the ack."""
-        try:
-            while self._outgoing_acks:
-                acks, self._outgoing_acks = self._outgoing_acks, []
-                for inbox, data in acks:
-                    await self.nats.publish(inbox, data)
-        finally:
-            self._acks_publishing = False
+    def _send_acks(
+        self, local: LocalPartition, first_offset: int, acks: list[tuple[int, capture.AckRequest]], reception_ns: int,
+    ) -> None:
+        """All of a batch's acks in one write on the capture connection: through nats-py, each
+        publish would cost more than the rest of the message's capture."""
+        encoded = capture.encode_acks(local.replica.stream, local.subject, first_offset, acks, reception_ns,
+                                      time.time_ns())
+        self.capture_connection.publish_many(encoded)
 
     async def publish_local(
         self, local: LocalPartition, record: Record, policy: int, correlation_id: str, msg_subject: str,

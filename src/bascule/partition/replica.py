@@ -77,9 +77,10 @@ class PartitionReplica:
         self.last_activity = clock()  # last append or leadership change, for auto-pause
         self.readers = 0  # open subscriptions, for auto-pause's "not while subscribed"
         self._notify_followers = notify_followers
-        self._pending: list[tuple[Record, Outcome | None]] = []
+        self._pending: list[Record] = []
+        self._pending_outcomes: list[tuple[int, Outcome]] = []  # (index of a group's first record, outcome)
         self._flush_scheduled = False
-        self._awaiting_sync: list[tuple[int, Outcome | None]] = []  # written, not yet fsynced
+        self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
         self._syncing = False
         self._acks = PendingAcks()
         self._data_changed = asyncio.Event()
@@ -150,15 +151,18 @@ class PartitionReplica:
 
     # ---- leader: appends, fetches, acks -------------------------------------------------------
 
-    def submit(self, record: Record, on_written: Outcome | None = None, linger: float = 0.0) -> None:
-        """Queue a record for this turn's append (or, with ``linger``, for an append that many
-        records arriving one per turn share); ``on_written`` learns its offset once written (and
-        synced, under the ``always`` policy)."""
+    def submit(self, records: list[Record], on_written: Outcome | None = None, linger: float = 0.0) -> None:
+        """Queue records for this turn's append (or, with ``linger``, for an append that many
+        records arriving one per turn share); ``on_written`` learns the offset of the first of
+        them once all are written (and synced, under the ``always`` policy). A burst of captured
+        messages is one group with one outcome: a callback per message costs more than its append."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
         if self.tracker is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        self._pending.append((record, on_written))
+        if on_written is not None:
+            self._pending_outcomes.append((len(self._pending), on_written))
+        self._pending += records
         if not self._flush_scheduled:
             self._flush_scheduled = True
             if linger:
@@ -169,42 +173,40 @@ class PartitionReplica:
     async def append(self, record: Record, linger: float = 0.0) -> int:
         """Append one record and return its offset once written."""
         written: asyncio.Future[int] = self._loop.create_future()
-        self.submit(record, partial(_settle, written), linger)
+        self.submit([record], partial(_settle, written), linger)
         return await written
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        pending, self._pending = self._pending, []
-        if not pending or self.tracker is None:
+        records, self._pending = self._pending, []
+        outcomes, self._pending_outcomes = self._pending_outcomes, []
+        if not records or self.tracker is None:
             return
         try:
-            first, _ = self.log.append([record for record, _ in pending], self.leader_epoch)
+            first, _ = self.log.append(records, self.leader_epoch)
         except Exception as exc:
             log.exception("append to %s/%s failed", self.stream, self.partition)
-            for _, on_written in pending:
-                if on_written is not None:
-                    on_written(None, exc)
+            for _, on_written in outcomes:
+                on_written(None, exc)
             return
         self.last_activity = self.clock()
-        written = [(offset, on_written) for offset, (_, on_written) in enumerate(pending, start=first)]
+        written = [(first + index, on_written) for index, on_written in outcomes]
         if self.sync_policy.always:
             self._awaiting_sync += written
             self._start_sync()
         else:
             self._written(written, self.log.next_offset)
 
-    def _written(self, written: list[tuple[int, Outcome | None]], durable_end: int) -> None:
+    def _written(self, written: list[tuple[int, Outcome]], durable_end: int) -> None:
         """Records are in the log (on disk, under ``always``) up to ``durable_end``: tell their
         writers, let followers fetch them, and commit what the ISR already has."""
         if self.tracker is None:  # leadership ended while the batch was being synced
             error = NotLeader(f"{self.stream}/{self.partition} lost leadership before the write was durable")
             for _, on_written in written:
-                if on_written is not None:
-                    on_written(None, error)
+                on_written(None, error)
             return
         for offset, on_written in written:
-            if on_written is not None:
-                on_written(offset, None)
+            on_written(offset, None)
         waiting = self.tracker.leader_appended(durable_end)
         if waiting:
             self._notify_followers(self, waiting)
@@ -221,15 +223,14 @@ class PartitionReplica:
         job = self._loop.run_in_executor(None, self.log.begin_sync())
         job.add_done_callback(partial(self._synced, batch, durable_end))
 
-    def _synced(self, batch: list[tuple[int, Outcome | None]], durable_end: int, job: asyncio.Future) -> None:
+    def _synced(self, batch: list[tuple[int, Outcome]], durable_end: int, job: asyncio.Future) -> None:
         self._syncing = False
         error = job.exception()
         if error is not None or self._closed:
             error = error or PartitionClosed(f"{self.stream}/{self.partition} closed")
             log.error("fsync of %s/%s failed: %s", self.stream, self.partition, error)
             for _, on_written in batch:
-                if on_written is not None:
-                    on_written(None, error)
+                on_written(None, error)
         else:
             self._written(batch, durable_end)
         self._start_sync()
@@ -342,10 +343,9 @@ class PartitionReplica:
     def _fail_pending(self, error: Exception) -> None:
         for _, on_committed in self._acks.fail_all():
             on_committed(None, error)
-        for _, on_written in self._pending + self._awaiting_sync:
-            if on_written is not None:
-                on_written(None, error)
-        self._pending, self._awaiting_sync = [], []
+        for _, on_written in self._pending_outcomes + self._awaiting_sync:
+            on_written(None, error)
+        self._pending, self._pending_outcomes, self._awaiting_sync = [], [], []
 
     def close(self) -> None:
         if self._closed:
