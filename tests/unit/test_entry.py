@@ -29,7 +29,7 @@ def sample_batch() -> bytes:
             Record(b"", key=b"", timestamp=99),
         ],
         timestamp=1_000,
-    )
+    )[0]
 
 
 def test_header_is_32_bytes():
@@ -37,7 +37,7 @@ def test_header_is_32_bytes():
 
 
 def test_layout_matches_design():
-    buf = encode_entries(5, 2, [Record(b"hi", key=b"K", headers={"h": b"v"})], timestamp=77)
+    buf = encode_entries(5, 2, [Record(b"hi", key=b"K", headers={"h": b"v"})], timestamp=77)[0]
     offset, timestamp, epoch, body_size, crc = ENTRY_HEADER.unpack_from(buf)
     assert (offset, timestamp, epoch) == (5, 77, 2)
     body = buf[HEADER_SIZE:]
@@ -57,7 +57,7 @@ def test_layout_matches_design():
 
 
 def test_no_key_is_stored_as_minus_one():
-    buf = encode_entries(0, 0, [Record(b"v")], timestamp=1)
+    buf = encode_entries(0, 0, [Record(b"v")], timestamp=1)[0]
     assert struct.unpack_from(">i", buf, HEADER_SIZE)[0] == -1
 
 
@@ -100,15 +100,15 @@ def test_valid_prefix_stops_at_first_bad_entry():
 
 def test_encode_rejects_out_of_range_numbers():
     with pytest.raises(ValueError):
-        encode_entries(-1, 0, [Record(b"x")], timestamp=1)
+        encode_entries(-1, 0, [Record(b"x")], timestamp=1)[0]
     with pytest.raises(ValueError):
-        encode_entries(0, -1, [Record(b"x")], timestamp=1)
+        encode_entries(0, -1, [Record(b"x")], timestamp=1)[0]
 
 
 def test_encode_rejects_too_many_headers():
     headers = {str(i): b"" for i in range(70_000)}
     with pytest.raises(ValueError):
-        encode_entries(0, 0, [Record(b"x", headers=headers)], timestamp=1)
+        encode_entries(0, 0, [Record(b"x", headers=headers)], timestamp=1)[0]
 
 
 def test_non_utf8_header_name_is_corrupt():
@@ -147,7 +147,7 @@ def test_bad_body_lengths_are_corrupt(body):
 def test_every_single_byte_flip_is_detected():
     buf = encode_entries(
         12, 4, [Record(b"value", key=b"key", headers={"subject": b"s"})], timestamp=5
-    )
+    )[0]
     for position in range(len(buf)):
         for flip in (0x01, 0x80, 0xFF):
             damaged = bytearray(buf)
@@ -205,7 +205,8 @@ records = st.builds(
     st.integers(1, (1 << 63) - 1),
 )
 def test_round_trip_property(first_offset, leader_epoch, batch, default_timestamp):
-    buf = encode_entries(first_offset, leader_epoch, batch, default_timestamp)
+    buf, walked = encode_entries(first_offset, leader_epoch, batch, default_timestamp)
+    assert walked == list(scan(buf))
     decoded = decode_entries(buf)
     assert len(decoded) == len(batch)
     for index, (record, entry) in enumerate(zip(batch, decoded)):

@@ -294,13 +294,13 @@ def test_append_raw_rejects_bad_data_and_appends_nothing(tmp_path):
     with CommitLog.open(tmp_path) as log:
         log.append(values(3), 2)
         size = (tmp_path / "00000000000000000000.log").stat().st_size
-        good = encode_entries(3, 2, values(2), 1)
+        good = encode_entries(3, 2, values(2), 1)[0]
         with pytest.raises(ValueError, match="continue"):
-            log.append_raw(encode_entries(4, 2, values(2), 1))  # a gap
+            log.append_raw(encode_entries(4, 2, values(2), 1)[0])  # a gap
         with pytest.raises(ValueError, match="continue"):
-            log.append_raw(encode_entries(2, 2, values(2), 1))  # an overlap
+            log.append_raw(encode_entries(2, 2, values(2), 1)[0])  # an overlap
         with pytest.raises(ValueError, match="older"):
-            log.append_raw(encode_entries(3, 1, values(2), 1))
+            log.append_raw(encode_entries(3, 1, values(2), 1)[0])
         damaged = bytearray(good)
         damaged[-1] ^= 1
         with pytest.raises(CorruptEntry):
@@ -311,7 +311,7 @@ def test_append_raw_rejects_bad_data_and_appends_nothing(tmp_path):
         assert (tmp_path / "00000000000000000000.log").stat().st_size == size
         assert log.append_raw(b"") == 3
         assert log.append_raw(good) == 5
-        assert log.append_raw(memoryview(encode_entries(5, 3, values(1), 1))) == 6
+        assert log.append_raw(memoryview(encode_entries(5, 3, values(1), 1)[0])) == 6
         assert log.epochs.entries == [(2, 0), (3, 5)]
 
 

@@ -53,7 +53,7 @@ class CommitLogMachine(RuleBasedStateMachine):
     @rule(batch=batches, new_epoch=st.booleans())
     def append_raw(self, batch, new_epoch):
         self.epoch += new_epoch
-        data = encode_entries(len(self.model), self.epoch, batch, self.clock())
+        data = encode_entries(len(self.model), self.epoch, batch, self.clock())[0]
         assert self.log.append_raw(data) == len(self.model) + len(batch)
         self.remember(batch)
 

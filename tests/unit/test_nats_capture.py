@@ -49,6 +49,18 @@ def test_frames_split_at_every_byte_are_reassembled():
     assert got == [("s.a", "", b"hello\r\nworld"), ("s.b", "", b"x")]
 
 
+def test_a_large_message_over_many_reads_is_joined_once_whole():
+    conn, _, got, sid = connection()
+    payload = bytes(range(256)) * 4096
+    data = b"MSG s.big %d %d\r\n%s\r\nMSG s.next %d 2\r\nok\r\n" % (sid, len(payload), payload, sid)
+    reads = [data[i:i + 4000] for i in range(0, len(data), 4000)]
+    for read in reads[:-1]:
+        conn.data_received(read)
+    assert got == [] and len(conn._chunks) == len(reads) - 1  # nothing joined before the frame is whole
+    conn.data_received(reads[-1])
+    assert got == [("s.big", "", payload), ("s.next", "", b"ok")]
+
+
 def test_ping_is_answered_and_info_sends_connect_once_with_subscriptions():
     conn, transport, _, sid = connection()
     transport.written = b""

@@ -27,13 +27,21 @@ RECONNECT_WAIT = 0.2
 CONNECT_TIMEOUT = 5.0
 _CRLF = b"\r\n"
 # MSG <subject> <sid> [reply-to] <#bytes> and HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
-_MSG_LINE = re.compile(rb"MSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+)\r\n")
-_HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)\r\n")
-NAME_CACHE_SIZE = 4096
+_MSG_LINE = re.compile(rb"MSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+)")
+_HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)")
+Frame = tuple[int, str, str, int, int]  # sid, subject, reply, header bytes, total bytes
+FRAME_CACHE_SIZE = 4096
 
 
 class ProtocolError(Exception):
     pass
+
+
+def _subject(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"subject {raw[:100]!r} is not UTF-8") from exc
 
 
 class CaptureConnection(asyncio.Protocol):
@@ -44,8 +52,10 @@ class CaptureConnection(asyncio.Protocol):
         self._subscriptions: dict[int, tuple[str, str]] = {}
         self._next_sid = 0
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._names: dict[bytes, str] = {}
+        self._chunks: list[bytes] = []  # unparsed reads
+        self._buffered = 0  # their total size
+        self._needed = 0  # what an unfinished frame needs before parsing can go on (0: unknown)
+        self._frames: dict[bytes, Frame] = {}
         self._greeted = False  # CONNECT sent on this connection (servers repeat INFO later)
         self._pongs: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closing = False
@@ -75,7 +85,7 @@ class CaptureConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._buffer.clear()
+        self._chunks, self._buffered, self._needed = [], 0, 0
         self._greeted = False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -89,14 +99,24 @@ class CaptureConnection(asyncio.Protocol):
             self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
+        # Reads are kept as they come until a frame can be completed: a large message spread
+        # over many reads is joined once, not once per read.
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered < self._needed:
+            return
+        buffer = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         try:
-            batches = self._parse()
+            batches, consumed, self._needed = self._parse(buffer)
         except ProtocolError as exc:
             log.error("capture connection: %s; reconnecting", exc)
+            self._chunks, self._buffered, self._needed = [], 0, 0
             if self._transport is not None:
                 self._transport.abort()
             return
+        rest = buffer[consumed:]
+        self._chunks = [rest] if rest else []
+        self._buffered = len(rest)
         for sid, deliveries in batches.items():
             handler = self._handlers.get(sid)
             if handler is not None:
@@ -107,61 +127,57 @@ class CaptureConnection(asyncio.Protocol):
 
     # ---- parsing ---------------------------------------------------------------------------
 
-    def _parse(self) -> dict[int, list[Delivery]]:
-        buffer = self._buffer
+    def _parse(self, buffer: bytes) -> tuple[dict[int, list[Delivery]], int, int]:
+        """(deliveries by sid, bytes consumed, bytes the unfinished frame needs from there, 0 if unknown)."""
         batches: dict[int, list[Delivery]] = {}
         position = 0
         end = len(buffer)
-        match_msg, match_hmsg = _MSG_LINE.match, _HMSG_LINE.match
+        find, frames = buffer.find, self._frames
         while position < end:
-            line = match_msg(buffer, position)
-            if line is not None:
-                subject, sid, reply, size = line.groups()
-                header_size, total = 0, int(size)
-            elif (line := match_hmsg(buffer, position)) is not None:
-                subject, sid, reply, header_bytes, size = line.groups()
-                header_size, total = int(header_bytes), int(size)
-                if header_size > total:
-                    raise ProtocolError(f"header block of {header_size} bytes in a {total}-byte message")
-            else:
-                line_end = buffer.find(_CRLF, position)
-                if line_end < 0:
-                    break
-                control = bytes(buffer[position:line_end])
-                if control.startswith((b"MSG", b"HMSG")):
-                    raise ProtocolError(f"bad message line {control[:200]!r}")
-                position = line_end + 2
-                self._control(control)
-                continue
-            payload_start = line.end()
+            line_end = find(_CRLF, position)
+            if line_end < 0:
+                return batches, position, 0
+            line = buffer[position:line_end]
+            frame = frames.get(line)
+            if frame is None:
+                if not line.startswith((b"MSG", b"HMSG")):
+                    position = line_end + 2
+                    self._control(line)
+                    continue
+                frame = self._frame(line)
+            sid, subject, reply, header_size, total = frame
+            payload_start = line_end + 2
             payload_end = payload_start + total
             if payload_end + 2 > end:
-                break  # the rest arrives with a later read
-            if buffer[payload_end:payload_end + 2] != _CRLF:
+                return batches, position, payload_end + 2 - position
+            if not buffer.startswith(_CRLF, payload_end):
                 raise ProtocolError("message payload not followed by CRLF")
-            delivery = (self._name(subject), self._name(reply) if reply else "",
-                        bytes(buffer[payload_start + header_size:payload_end]))
-            sid = int(sid)
-            if sid in batches:
-                batches[sid].append(delivery)
-            else:
+            delivery = (subject, reply, buffer[payload_start + header_size:payload_end])
+            batch = batches.get(sid)
+            if batch is None:
                 batches[sid] = [delivery]
+            else:
+                batch.append(delivery)
             position = payload_end + 2
-        del buffer[:position]
-        return batches
+        return batches, position, 0
 
-    def _name(self, raw: bytes) -> str:
-        """A subject as str; decoded once per distinct subject (a stream sees few)."""
-        name = self._names.get(raw)
-        if name is None:
-            try:
-                name = raw.decode()
-            except UnicodeDecodeError as exc:
-                raise ProtocolError(f"subject {raw[:100]!r} is not UTF-8") from exc
-            if len(self._names) >= NAME_CACHE_SIZE:
-                self._names.clear()
-            self._names[raw] = name
-        return name
+    def _frame(self, line: bytes) -> Frame:
+        """A MSG/HMSG line parsed, and remembered: a stream's messages repeat a few lines."""
+        if (match := _MSG_LINE.fullmatch(line)) is not None:
+            subject, sid, reply, size = match.groups()
+            header_size, total = 0, int(size)
+        elif (match := _HMSG_LINE.fullmatch(line)) is not None:
+            subject, sid, reply, header_bytes, size = match.groups()
+            header_size, total = int(header_bytes), int(size)
+            if header_size > total:
+                raise ProtocolError(f"header block of {header_size} bytes in a {total}-byte message")
+        else:
+            raise ProtocolError(f"bad message line {line[:200]!r}")
+        frame = (int(sid), _subject(subject), _subject(reply) if reply else "", header_size, total)
+        if len(self._frames) >= FRAME_CACHE_SIZE:
+            self._frames.clear()
+        self._frames[line] = frame
+        return frame
 
     def _control(self, line: bytes) -> None:
         if line.startswith(b"INFO"):

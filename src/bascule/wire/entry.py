@@ -82,8 +82,9 @@ class Entry:
 
 def encode_entries(
     first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int
-) -> bytes:
-    """Encode ``records`` as consecutive entries from ``first_offset``, ready to write.
+) -> tuple[bytes, list[WalkedEntry]]:
+    """Encode ``records`` as consecutive entries from ``first_offset``, ready to write, with
+    what ``scan`` would yield for them (the log indexes them without walking them again).
 
     A record's own nonzero timestamp wins over ``timestamp``.
     """
@@ -93,15 +94,22 @@ def encode_entries(
     pack_crc = _CRC.pack
     parts: list[bytes] = []
     append = parts.append
+    walked: list[WalkedEntry] = []
+    walk = walked.append
     offset = first_offset
+    position = 0
     for record in records:
         body = _encode_body(record)
-        header = pack_header(offset, record.timestamp or timestamp, leader_epoch, len(body))
+        stamp = record.timestamp or timestamp
+        header = pack_header(offset, stamp, leader_epoch, len(body))
         append(header)
         append(pack_crc(crc32c(body, crc32c(header))))
         append(body)
+        end = position + HEADER_SIZE + len(body)
+        walk((offset, leader_epoch, stamp, position, end))
+        position = end
         offset += 1
-    return b"".join(parts)
+    return b"".join(parts), walked
 
 
 def _encode_body(record: Record) -> bytes:

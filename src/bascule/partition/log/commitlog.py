@@ -246,8 +246,8 @@ class CommitLog:
         now = max(self._clock(), self._last_timestamp)
         first_offset = self.next_offset
         stamped = _monotonic(records, now, self._last_timestamp)
-        data = encode_entries(first_offset, leader_epoch, stamped, now)
-        self._write(data, list(scan(data, check_crc=False)), [(leader_epoch, first_offset)])
+        data, walked = encode_entries(first_offset, leader_epoch, stamped, now)
+        self._write(data, walked, [(leader_epoch, first_offset)])
         return first_offset, self.newest_offset
 
     def append_raw(self, data: bytes, walked: list[WalkedEntry] | None = None) -> int:
