@@ -1153,8 +1153,14 @@ async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
             async def trial(n: int, profiled: bool) -> dict[str, Any]:
                 spec = {"address": sys_.address_of(leader), "stream": stream, "partition": 0, "count": total}
                 async with _maybe_profile(ctx, scenario, sys_.node_pids(), profiled):
-                    return await _consume_run(ctx, "bascule_consume", spec, total, f"{scenario}-{n}",
-                                              sys_.server_pids())
+                    metrics = await _consume_run(ctx, "bascule_consume", spec, total, f"{scenario}-{n}",
+                                                 sys_.server_pids())
+                async with _maybe_profile(ctx, f"{scenario}-grpc", sys_.node_pids(), profiled):
+                    grpc_metrics = await _consume_run(ctx, "bascule_consume_grpc", spec, total,
+                                                      f"{scenario}-{n}-grpc", sys_.server_pids())
+                floor = await _grpc_floor_run(ctx, total, f"{scenario}-{n}-grpc-floor")
+                return {**metrics, **{f"grpc_{name}": value for name, value in grpc_metrics.items()},
+                        "grpc_floor_rate": floor["rate"], "grpc_floor_cpu_us_per_msg": floor["server_cpu_us_per_msg"]}
 
             return await _run_trials(ctx, scenario, system, trial)
     async with JetStreamSystem(ctx, f"{scenario}-jetstream", 3) as sys_:
@@ -1170,6 +1176,19 @@ async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
             return await _consume_run(ctx, "js_consume", spec, total, f"{scenario}-{n}", sys_.server_pids())
 
         return await _run_trials(ctx, scenario, system, trial)
+
+
+async def _grpc_floor_run(ctx: Context, count: int, name: str) -> dict[str, Any]:
+    """The same Subscribe call against a gRPC server that only streams one prebuilt message:
+    what grpc.aio costs per streamed message, whatever the server does."""
+    from bascule.testing.local import free_port
+
+    port = free_port()
+    spec = {"port": port, "count": count, "size": ctx.payload_size}
+    async with workers(ctx, "grpc_floor_server", [spec], f"{name}-server") as (server,):
+        server.go()
+        reader = {"address": f"127.0.0.1:{port}", "stream": "floor", "partition": 0, "count": count}
+        return await _consume_run(ctx, "bascule_consume_grpc", reader, count, name, [server.pid])
 
 
 async def _consume_run(ctx: Context, kind: str, spec: dict[str, Any], count: int, name: str,
@@ -1639,8 +1658,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
               ("nats_rate", "nats_rate", "rate"), ("nats_p50_ms", "nats_p50_ms", "p50_ms"),
               ("nats_p99_ms", "nats_p99_ms", "p99_ms"), ("nats_cpu_us_per_msg", "nats_cpu_us_per_msg",
                                                          "server_cpu_us_per_msg")), True),
-    Scenario("consume_r3", "consume: read a prefilled R3 stream from the start",
-             (BASCULE, JETSTREAM), run_consume_r3, ("rate", "first_ms", "server_cpu_us_per_msg"), True),
+    Scenario("consume_r3", "consume: read a prefilled R3 stream from the start (bascule's client; gRPC Subscribe)",
+             (BASCULE, JETSTREAM), run_consume_r3,
+             ("rate", "first_ms", "server_cpu_us_per_msg", ("grpc_rate", "grpc_rate", "rate"),
+              ("grpc_first_ms", "grpc_first_ms", "first_ms"),
+              ("grpc_server_cpu_us_per_msg", "grpc_server_cpu_us_per_msg", "server_cpu_us_per_msg"),
+              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True),
     Scenario("durable_r1", "durable R1: fsync before ack (sync=always / sync_interval: always)",
              (BASCULE, JETSTREAM), run_durable_r1,
              ("capture_rate", "capture_cpu_us_per_msg",
@@ -1674,6 +1697,8 @@ def _metric_info(name: str) -> tuple[str, bool]:
         return METRICS[name]
     if name.endswith("_rate"):
         return "msg/s", True
+    if name.endswith("_ms"):
+        return "ms", False
     if name.endswith("cpu_us_per_msg"):
         return "CPU us/msg", False
     return "", True
@@ -2147,6 +2172,62 @@ async def worker_bascule_consume(spec: dict[str, Any]) -> dict[str, Any]:
     return {"start": start, "first": first, "end": end, "received": received}
 
 
+async def worker_bascule_consume_grpc(spec: dict[str, Any]) -> dict[str, Any]:
+    """Liftbridge's Subscribe as any Liftbridge client calls it: one gRPC message per record."""
+    import grpc
+
+    from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+    count = spec["count"]
+    channel = grpc.aio.insecure_channel(spec["address"])
+    stub = api_pb2_grpc.APIStub(channel)
+    await stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=10)
+    _emit("READY")
+    start = await _wait_go()
+    request = api_pb2.SubscribeRequest(stream=spec["stream"], partition=spec["partition"],
+                                       startPosition=api_pb2.StartPosition.EARLIEST)
+    call = stub.Subscribe(request)
+    received, first = -1, 0.0  # the first message is Liftbridge's empty handshake
+    async for _ in call:
+        received += 1
+        if received == 1:
+            first = _now()
+        if received >= count:
+            break
+    end = _now()
+    call.cancel()
+    await channel.close()
+    return {"start": start, "first": first, "end": end, "received": received}
+
+
+async def worker_grpc_floor_server(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Liftbridge API server whose Subscribe streams one prebuilt Message `count` times."""
+    import grpc
+
+    from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+    message = api_pb2.Message(offset=123456, value=b"x" * spec["size"], timestamp=time.time_ns(), stream="floor",
+                              subject=f"{STREAM_SUBJECT_PREFIX}.floor", headers={})
+
+    class FloorAPI(api_pb2_grpc.APIServicer):
+        async def FetchMetadata(self, request: Any, context: Any) -> Any:
+            return api_pb2.FetchMetadataResponse()
+
+        async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
+            yield api_pb2.Message()
+            for _ in range(spec["count"]):
+                yield message
+
+    server = grpc.aio.server()
+    api_pb2_grpc.add_APIServicer_to_server(FloorAPI(), server)
+    server.add_insecure_port(f"127.0.0.1:{spec['port']}")
+    await server.start()
+    _emit("READY")
+    await _wait_go()
+    await server.wait_for_termination()
+    return {}
+
+
 async def worker_js_consume(spec: dict[str, Any]) -> dict[str, Any]:
     nc = await _nats_connect(spec["url"])
     js = nc.jetstream()
@@ -2179,6 +2260,8 @@ WORKERS: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "bascule_acked_nats": worker_bascule_acked_nats,
     "js_acked": worker_js_acked,
     "bascule_consume": worker_bascule_consume,
+    "bascule_consume_grpc": worker_bascule_consume_grpc,
+    "grpc_floor_server": worker_grpc_floor_server,
     "js_consume": worker_js_consume,
 }
 
