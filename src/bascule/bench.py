@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bascule.nats_flush import flush
+
 BASCULE, JETSTREAM, NATS = "bascule", "jetstream", "nats"
 SYSTEM_TITLES = {BASCULE: "bascule", JETSTREAM: "JetStream", NATS: "NATS"}
 STREAM_SUBJECT_PREFIX = "bench"
@@ -755,7 +757,7 @@ class EnvelopeProbe:
     async def create(cls, nc: Any) -> EnvelopeProbe:
         probe = cls(nc)
         await nc.subscribe(probe.prefix + ".*", cb=probe._on_ack)
-        await nc.flush()
+        await flush(nc)
         return probe
 
     async def _on_ack(self, msg: Any) -> None:
@@ -1239,7 +1241,12 @@ async def run_ceiling(ctx: Context, system: str) -> list[dict[str, Any]]:
     from bascule.node.embedded_nats import EmbeddedNats
 
     count = ctx.counts["ceiling"]
-    server = EmbeddedNats(log_dir=ctx.dir / "ceiling-nats")
+    config = ctx.dir / "ceiling-nats.conf"
+    ctx.dir.mkdir(parents=True, exist_ok=True)
+    # The publisher outruns the subscriber by design: the backlog must fit in the server's buffer for
+    # the subscriber's connection (64 MiB by default, beyond which it is cut off as a slow consumer).
+    config.write_text("max_pending: 2GB\n")
+    server = EmbeddedNats(host="127.0.0.1", port=0, config_file=config, log_dir=ctx.dir / "ceiling-nats")
     await server.start()
     try:
 
@@ -1336,7 +1343,7 @@ class JetStreamProbe:
 
     async def start(self) -> None:
         await self.nc.subscribe(self.prefix + ".*", cb=self._on_ack)
-        await self.nc.flush()
+        await flush(self.nc)
 
     async def _on_ack(self, msg: Any) -> None:
         waiter = self.waiters.pop(msg.subject, None)
@@ -1997,7 +2004,7 @@ async def worker_nats_pub(spec: dict[str, Any]) -> dict[str, Any]:
         k = len(subjects)
         for i in range(count):
             await publish(subjects[i % k], payload)
-    await nc.flush(timeout=600)
+    await flush(nc, timeout=600)
     end = _now()
     await nc.close()
     return {"start": start, "end": end, "count": count}
@@ -2019,7 +2026,7 @@ async def worker_nats_sub(spec: dict[str, Any]) -> dict[str, Any]:
 
     await nc.subscribe(spec["subject"], cb=on_message, pending_msgs_limit=count + 10,
                        pending_bytes_limit=count * 512 + (1 << 20))
-    await nc.flush()
+    await flush(nc)
     _emit("READY")
     await _wait_go()
     await done
@@ -2102,7 +2109,7 @@ async def worker_bascule_acked_nats(spec: dict[str, Any]) -> dict[str, Any]:
             finished.set_result(now)
 
     await nc.subscribe(prefix + "*", cb=on_ack, pending_msgs_limit=count + 10)
-    await nc.flush()
+    await flush(nc)
     _emit("READY")
     start = await _wait_go()
     subject = spec["subject"]

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bascule.nats_flush import flush
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.subjects import Subjects
@@ -41,7 +42,7 @@ class LeaderEndpoint:
             await self.nc.subscribe(self.subjects.replicate(stream, partition), cb=self._on_fetch),
             await self.nc.subscribe(self.subjects.epoch_offset(stream, partition), cb=self._on_epoch_query),
         ]
-        await self.nc.flush()  # followers of a new leader start fetching at once: be there first
+        await flush(self.nc)  # followers of a new leader start fetching at once: be there first
 
     async def stop(self) -> None:
         for subscription in self._subscriptions:
