@@ -1093,7 +1093,7 @@ async def _acked_run(ctx: Context, kind: str, spec: dict[str, Any], count: int, 
 
 async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str,
                          sync_always: bool = False, count: int | None = None,
-                         variants: Sequence[str] = ("grpc", "nats")) -> list[dict[str, Any]]:
+                         variants: Sequence[str] = ("grpc", "nats"), grpc_floor: bool = False) -> list[dict[str, Any]]:
     count = count or ctx.counts["acked"]
     window, size = ctx.args.window, ctx.payload_size
     if system == BASCULE:
@@ -1117,6 +1117,13 @@ async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str
                         metrics.update(await _acked_run(ctx, kind, spec, count, f"{scenario}-{n}-{variant}",
                                                         sys_.server_pids(), prefix=f"{variant}_"))
                     await sys_.client().delete_stream(stream)
+                if grpc_floor:
+                    async with _grpc_floor_server(ctx, count, f"{scenario}-{n}-grpc-floor") as (address, pid):
+                        spec = {"address": address, "stream": "floor", "partition": 0, "count": count,
+                                "window": window, "size": size}
+                        floor = await _acked_run(ctx, "bascule_acked_grpc", spec, count,
+                                                 f"{scenario}-{n}-grpc-floor", [pid])
+                    metrics.update(grpc_floor_rate=floor["rate"], grpc_floor_cpu_us_per_msg=floor["cpu_us_per_msg"])
                 return metrics
 
             return await _run_trials(ctx, scenario, system, trial)
@@ -1135,7 +1142,7 @@ async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str
 
 
 async def run_acked_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
-    return await acked_scenario(ctx, system, 3, "acked_r3")
+    return await acked_scenario(ctx, system, 3, "acked_r3", grpc_floor=True)
 
 
 async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
@@ -1160,7 +1167,10 @@ async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
                 async with _maybe_profile(ctx, f"{scenario}-grpc", sys_.node_pids(), profiled):
                     grpc_metrics = await _consume_run(ctx, "bascule_consume_grpc", spec, total,
                                                       f"{scenario}-{n}-grpc", sys_.server_pids())
-                floor = await _grpc_floor_run(ctx, total, f"{scenario}-{n}-grpc-floor")
+                async with _grpc_floor_server(ctx, total, f"{scenario}-{n}-grpc-floor") as (address, pid):
+                    reader = {"address": address, "stream": "floor", "partition": 0, "count": total}
+                    floor = await _consume_run(ctx, "bascule_consume_grpc", reader, total,
+                                               f"{scenario}-{n}-grpc-floor", [pid])
                 return {**metrics, **{f"grpc_{name}": value for name, value in grpc_metrics.items()},
                         "grpc_floor_rate": floor["rate"], "grpc_floor_cpu_us_per_msg": floor["server_cpu_us_per_msg"]}
 
@@ -1180,17 +1190,18 @@ async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
         return await _run_trials(ctx, scenario, system, trial)
 
 
-async def _grpc_floor_run(ctx: Context, count: int, name: str) -> dict[str, Any]:
-    """The same Subscribe call against a gRPC server that only streams one prebuilt message:
-    what grpc.aio costs per streamed message, whatever the server does."""
+@contextlib.asynccontextmanager
+async def _grpc_floor_server(ctx: Context, count: int, name: str) -> AsyncIterator[tuple[str, int | None]]:
+    """A gRPC server that does nothing but answer (a prebuilt message for Subscribe, an ack per
+    PublishAsync request): what grpc.aio costs per message, whatever the server does. Yields its
+    address and pid."""
     from bascule.testing.local import free_port
 
     port = free_port()
     spec = {"port": port, "count": count, "size": ctx.payload_size}
     async with workers(ctx, "grpc_floor_server", [spec], f"{name}-server") as (server,):
         server.go()
-        reader = {"address": f"127.0.0.1:{port}", "stream": "floor", "partition": 0, "count": count}
-        return await _consume_run(ctx, "bascule_consume_grpc", reader, count, name, [server.pid])
+        yield f"127.0.0.1:{port}", server.pid
 
 
 async def _consume_run(ctx: Context, kind: str, spec: dict[str, Any], count: int, name: str,
@@ -1664,7 +1675,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                                                          "server_cpu_us_per_msg"),
               ("nats_rate", "nats_rate", "rate"), ("nats_p50_ms", "nats_p50_ms", "p50_ms"),
               ("nats_p99_ms", "nats_p99_ms", "p99_ms"), ("nats_cpu_us_per_msg", "nats_cpu_us_per_msg",
-                                                         "server_cpu_us_per_msg")), True),
+                                                         "server_cpu_us_per_msg"),
+              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True),
     Scenario("consume_r3", "consume: read a prefilled R3 stream from the start (bascule's client; gRPC Subscribe)",
              (BASCULE, JETSTREAM), run_consume_r3,
              ("rate", "first_ms", "server_cpu_us_per_msg", ("grpc_rate", "grpc_rate", "rate"),
@@ -2208,7 +2220,8 @@ async def worker_bascule_consume_grpc(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def worker_grpc_floor_server(spec: dict[str, Any]) -> dict[str, Any]:
-    """A Liftbridge API server whose Subscribe streams one prebuilt Message `count` times."""
+    """A Liftbridge API server whose Subscribe streams one prebuilt Message `count` times and whose
+    PublishAsync acks each request at once."""
     import grpc
 
     from bascule.wire.pb import api_pb2, api_pb2_grpc
@@ -2224,6 +2237,12 @@ async def worker_grpc_floor_server(spec: dict[str, Any]) -> dict[str, Any]:
             yield api_pb2.Message()
             for _ in range(spec["count"]):
                 yield message
+
+        async def PublishAsync(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+            async for request in requests:
+                ack = api_pb2.Ack(stream=request.stream, offset=1, correlationId=request.correlationId,
+                                  ackPolicy=request.ackPolicy)
+                yield api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
     server = grpc.aio.server()
     api_pb2_grpc.add_APIServicer_to_server(FloorAPI(), server)
