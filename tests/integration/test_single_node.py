@@ -11,7 +11,7 @@ from gufo.liftbridge.types import StartPosition
 
 from bascule.client import BasculeError, Client
 from bascule.wire import envelope
-from bascule.wire.pb import api_pb2
+from bascule.wire.pb import api_pb2, api_pb2_grpc
 
 from conftest import running_node
 
@@ -173,6 +173,42 @@ async def test_pause_and_readonly(tmp_path):
             ack = await client.publish("pz", b"resumes")
             assert ack.offset == 0
             assert not (await client.fetch_metadata("pz")).streams["pz"].partitions[0].paused
+
+
+async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            for name in ("ok", "ro", "pz"):
+                await client.create_stream(name, name)
+            await client.set_stream_readonly("ro")
+            await client.pause_stream("pz")
+            ALL, NONE = api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE
+            requests = [
+                api_pb2.PublishRequest(stream="ok", value=b"a", correlationId="1", ackPolicy=ALL),
+                api_pb2.PublishRequest(stream="nope", value=b"x", correlationId="2", ackPolicy=ALL),
+                api_pb2.PublishRequest(stream="ok", value=b"quiet", correlationId="3", ackPolicy=NONE),
+                api_pb2.PublishRequest(stream="ro", value=b"x", correlationId="4", ackPolicy=ALL),
+                api_pb2.PublishRequest(stream="pz", value=b"resumes", correlationId="5", ackPolicy=ALL),
+                api_pb2.PublishRequest(stream="ok", value=b"b", correlationId="6", ackPolicy=api_pb2.AckPolicy.LEADER),
+                api_pb2.PublishRequest(stream="ok", value=b"x" * (node.max_message_bytes + 1), correlationId="7"),
+            ]
+
+            async def stream():
+                for request in requests:
+                    yield request
+
+            channel = grpc.aio.insecure_channel(address)
+            responses = {r.correlationId: r async for r in api_pb2_grpc.APIStub(channel).PublishAsync(stream())}
+            await channel.close()
+            assert sorted(responses) == ["1", "2", "4", "5", "6", "7"]  # the stream ends after the last answer
+            assert (responses["1"].ack.offset, responses["6"].ack.offset) == (0, 2)
+            assert responses["1"].ack.ackPolicy == ALL and responses["1"].ack.stream == "ok"
+            assert responses["5"].ack.offset == 0 and responses["5"].ack.stream == "pz"
+            codes = {key: api_pb2.PublishAsyncError.Code.Name(responses[key].asyncError.code) for key in "247"}
+            assert codes == {"2": "NOT_FOUND", "4": "READONLY", "7": "BAD_REQUEST"}
+            values = [m.value async for m in client.subscribe("ok", start="earliest", stop_latest=True)]
+            assert values == [b"a", b"quiet", b"b"]
 
 
 async def test_restart_keeps_streams_and_messages(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -249,29 +249,39 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
 
     async def node_publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        local = self._writable_leader(request) or await self._resume_here(request)
+        if local is None:
+            return await self.node.publish_remote(request, wait)
+        record = _record(request, local)
+        if not wait:
+            local.replica.submit([record])
+            return None
+        try:
+            return await self.node.publish_local(local, record, request.ackPolicy, request.correlationId, local.subject)
+        except (PartitionClosed, NotLeader, OSError) as exc:
+            raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
+
+    def _writable_leader(self, request: api_pb2.PublishRequest) -> LocalPartition | None:
+        """The partition to append ``request`` to, when this node leads it and it takes writes as it
+        is; None when the publish must resume the partition or go to its leader. PublishError when
+        it cannot be published at all."""
         self._check_size(request.ByteSize())
         meta = self.node.read(lambda s: s.partition(request.stream, request.partition))
         if meta is None:
             raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
         if meta.readonly:
             raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
-        if meta.paused:
-            await self.node.metadata.call("resume", name=request.stream, partition=request.partition)
-        local = self.node.local_partition(request.stream, request.partition)
-        if local is None or meta.leader != self.node.server_id:
-            return await self.node.publish_remote(request, wait)
-        # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
-        headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
-        record = Record(value=request.value, key=request.key or None, headers=headers)
-        if not wait:
-            local.replica.submit([record])
+        if meta.paused or meta.leader != self.node.server_id:
             return None
-        try:
-            return await self.node.publish_local(
-                local, record, request.ackPolicy, request.correlationId, local.subject
-            )
-        except (PartitionClosed, NotLeader, OSError) as exc:
-            raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
+        return self.node.local_partition(request.stream, request.partition)
+
+    async def _resume_here(self, request: api_pb2.PublishRequest) -> LocalPartition | None:
+        """Resume the partition if it is paused; the partition if this node leads it."""
+        meta = self.node.read(lambda s: s.partition(request.stream, request.partition))
+        if meta is None or not meta.paused:
+            return None
+        await self.node.metadata.call("resume", name=request.stream, partition=request.partition)
+        return self.node.local_partition(request.stream, request.partition) if meta.leader == self.node.server_id else None
 
     def _check_size(self, size: int) -> None:
         limit = self.node.max_message_bytes
@@ -282,29 +292,29 @@ class API(api_pb2_grpc.APIServicer):
             )
 
     async def PublishAsync(self, request_iterator, context):
+        """Requests are appended from callbacks, without a task each (a task costs more than the
+        append); only those that must resume a partition or go to another node get one."""
         responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
-        in_flight: set[asyncio.Task] = set()
+        outstanding = 0
+        reading = True
+        slow: set[asyncio.Task] = set()
 
-        async def one(request: api_pb2.PublishRequest) -> None:
-            try:
-                ack = await self.node_publish(request, request.ackPolicy != api_pb2.AckPolicy.NONE)
-            except PublishError as exc:
-                error = api_pb2.PublishAsyncError(
-                    code=getattr(api_pb2.PublishAsyncError.Code, exc.async_code), message=exc.message
-                )
-                await responses.put(api_pb2.PublishResponse(correlationId=request.correlationId, asyncError=error))
-                return
-            if ack is not None:
-                await responses.put(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+        def respond(response: api_pb2.PublishResponse | None) -> None:
+            nonlocal outstanding
+            if response is not None:
+                responses.put_nowait(response)
+            outstanding -= 1
+            if not reading and not outstanding:
+                responses.put_nowait(None)
 
         async def read_requests() -> None:
+            nonlocal outstanding, reading
             async for request in request_iterator:
-                task = asyncio.create_task(one(request))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
-            while in_flight:
-                await asyncio.gather(*list(in_flight), return_exceptions=True)
-            await responses.put(None)
+                outstanding += 1
+                self._publish_async(request, respond, slow)
+            reading = False
+            if not outstanding:
+                responses.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
         try:
@@ -312,6 +322,52 @@ class API(api_pb2_grpc.APIServicer):
                 yield response
         finally:
             reader.cancel()
+            for task in slow:
+                task.cancel()
+
+    def _publish_async(
+        self, request: api_pb2.PublishRequest, respond: Callable[[api_pb2.PublishResponse | None], None],
+        slow: set[asyncio.Task],
+    ) -> None:
+        """Publish one PublishAsync request; ``respond`` gets its response (None: no ack wanted)."""
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE
+        try:
+            local = self._writable_leader(request)
+        except PublishError as exc:
+            respond(_async_error(request, exc))
+            return
+        if local is None:
+            task = asyncio.create_task(self._publish_async_the_long_way(request, wait, respond))
+            slow.add(task)
+            task.add_done_callback(slow.discard)
+            return
+        record = _record(request, local)
+        if not wait:
+            local.replica.submit([record])
+            respond(None)
+            return
+
+        def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
+            if error is not None:
+                failure = PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")
+                respond(_async_error(request, failure))
+            else:
+                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+
+        try:
+            self.node.submit_local(local, record, request.ackPolicy, request.correlationId, local.subject, acked)
+        except (PartitionClosed, NotLeader) as exc:
+            acked(None, exc)
+
+    async def _publish_async_the_long_way(
+        self, request: api_pb2.PublishRequest, wait: bool, respond: Callable[[api_pb2.PublishResponse | None], None],
+    ) -> None:
+        try:
+            ack = await self.node_publish(request, wait)
+        except PublishError as exc:
+            respond(_async_error(request, exc))
+        else:
+            respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else None)
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(
@@ -366,6 +422,19 @@ class PublishError(Exception):
     def __init__(self, status: grpc.StatusCode, message: str, async_code: str) -> None:
         super().__init__(message)
         self.status, self.message, self.async_code = status, message, async_code
+
+
+def _record(request: api_pb2.PublishRequest, local: LocalPartition) -> Record:
+    # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
+    headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+    return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:
+    code = getattr(api_pb2.PublishAsyncError.Code, error.async_code)
+    return api_pb2.PublishResponse(
+        correlationId=request.correlationId, asyncError=api_pb2.PublishAsyncError(code=code, message=error.message)
+    )
 
 
 def message_from_entry(stream: str, partition: int, entry: Entry) -> api_pb2.Message:

@@ -34,7 +34,7 @@ from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_er
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
-from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica, SyncPolicy
+from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica, SyncPolicy, settle
 from bascule.partition.subjects import Subjects
 from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
@@ -627,16 +627,37 @@ class Node:
                                       time.time_ns())
         self.capture_connection.publish_many(encoded)
 
+    def submit_local(
+        self, local: LocalPartition, record: Record, policy: int, correlation_id: str, msg_subject: str,
+        on_ack: Callable[[api_pb2.Ack | None, BaseException | None], None],
+    ) -> None:
+        """Append to a partition this node leads; ``on_ack`` gets the ack once written (committed,
+        under ack policy ALL), or the error."""
+        reception = time.time_ns()
+        request = capture.AckRequest("", correlation_id, policy, msg_subject)
+
+        def committed(offset: int | None, error: BaseException | None) -> None:
+            if error is not None:
+                on_ack(None, error)
+            else:
+                on_ack(capture.ack_message(local.replica.stream, local.subject, offset, request, reception,
+                                           time.time_ns()), None)
+
+        def written(offset: int | None, error: BaseException | None) -> None:
+            if error is None and policy == capture.ALL:
+                local.replica.when_committed(offset, committed)
+            else:
+                committed(offset, error)
+
+        local.replica.submit([record], written, API_WRITE_LINGER)
+
     async def publish_local(
         self, local: LocalPartition, record: Record, policy: int, correlation_id: str, msg_subject: str,
     ) -> api_pb2.Ack:
-        """Append to a partition this node leads and wait as the ack policy asks."""
-        reception = time.time_ns()
-        offset = await local.replica.append(record, API_WRITE_LINGER)
-        if policy == capture.ALL:
-            await local.replica.wait_committed(offset)
-        request = capture.AckRequest("", correlation_id, policy, msg_subject)
-        return capture.ack_message(local.replica.stream, local.subject, offset, request, reception, time.time_ns())
+        """submit_local, awaited."""
+        acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
+        self.submit_local(local, record, policy, correlation_id, msg_subject, partial(settle, acked))
+        return await acked
 
     async def _on_ack(self, msg: Msg) -> None:
         waiter = self._ack_waiters.pop(msg.subject, None)

@@ -170,12 +170,6 @@ class PartitionReplica:
             else:
                 self._loop.call_soon(self._flush)
 
-    async def append(self, record: Record, linger: float = 0.0) -> int:
-        """Append one record and return its offset once written."""
-        written: asyncio.Future[int] = self._loop.create_future()
-        self.submit([record], partial(_settle, written), linger)
-        return await written
-
     def _flush(self) -> None:
         self._flush_scheduled = False
         records, self._pending = self._pending, []
@@ -284,12 +278,6 @@ class PartitionReplica:
         else:
             self._acks.add(offset, on_committed)
 
-    async def wait_committed(self, offset: int) -> None:
-        """Wait until ``offset`` is committed (raises NotLeader if leadership is lost first)."""
-        committed: asyncio.Future[int] = self._loop.create_future()
-        self.when_committed(offset, partial(_settle, committed))
-        await committed
-
     def _committed(self, hw: int) -> None:
         for offset, on_committed in self._acks.release(hw):
             on_committed(offset, None)
@@ -358,10 +346,11 @@ class PartitionReplica:
         self.log.close()
 
 
-def _settle(future: asyncio.Future[int], offset: int | None, error: BaseException | None) -> None:
+def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    """An outcome callback's (result, error) as the future's result or exception."""
     if future.done():
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(offset)
+        future.set_result(result)
