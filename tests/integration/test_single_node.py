@@ -59,8 +59,9 @@ async def test_gufo_liftbridge_end_to_end(tmp_path):
             assert "events" not in [s.name for s in meta.metadata]
 
 
-async def test_plain_nats_publishes_are_captured_with_subject_headers(tmp_path):
-    async with running_node(tmp_path) as (node, address):
+@pytest.mark.parametrize("sync", ["never", "always"])
+async def test_plain_nats_publishes_are_captured_with_subject_headers(tmp_path, sync):
+    async with running_node(tmp_path, **{"streams.sync": sync}) as (node, address):
         async with Client(address) as client:
             await client.wait_ready()
             await client.create_stream("plain", "plain.sub", partitions=2)

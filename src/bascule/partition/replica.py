@@ -81,6 +81,7 @@ class PartitionReplica:
         self._pending_outcomes: list[tuple[int, Outcome]] = []  # (index of a group's first record, outcome)
         self._flush_scheduled = False
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
+        self._sync_due = False  # records written since the last fsync began (with outcomes or not)
         self._syncing = False
         self._acks = PendingAcks()
         self._data_changed = asyncio.Event()
@@ -187,6 +188,7 @@ class PartitionReplica:
         written = [(first + index, on_written) for index, on_written in outcomes]
         if self.sync_policy.always:
             self._awaiting_sync += written
+            self._sync_due = True
             self._start_sync()
         else:
             self._written(written, self.log.next_offset)
@@ -209,9 +211,9 @@ class PartitionReplica:
     def _start_sync(self) -> None:
         """Group commit: one fsync, in a thread, covers everything written before it started;
         records written meanwhile wait for the next one."""
-        if self._syncing or not self._awaiting_sync:
+        if self._syncing or not self._sync_due:
             return
-        self._syncing = True
+        self._syncing, self._sync_due = True, False
         batch, self._awaiting_sync = self._awaiting_sync, []
         durable_end = self.log.next_offset
         job = self._loop.run_in_executor(None, self.log.begin_sync())
