@@ -108,12 +108,16 @@ class CommitLogMachine(RuleBasedStateMachine):
     def read_raw(self, data):
         offset = data.draw(st.integers(self.oldest, len(self.model)))
         max_bytes = data.draw(st.integers(1, 2_000))
-        raw = self.log.read_raw(offset, max_bytes)
+        max_entries = data.draw(st.integers(1, 30))
+        raw = self.log.read_raw(offset, max_bytes, max_entries=max_entries)
         entries = decode_entries(raw)
         self.check_entries(offset, entries)
         assert len(entries) == 1 or len(raw) <= max_bytes
+        assert len(entries) <= max_entries
         if offset < len(self.model):
             assert entries
+        # What replication reads (without checking CRCs) is the same.
+        assert self.log.read_raw(offset, max_bytes, check_crc=False, max_entries=max_entries) == raw
 
     def check_entries(self, offset, entries):
         for expected_offset, entry in enumerate(entries, start=offset):
