@@ -58,6 +58,14 @@ def test_an_ack_inbox_that_is_not_a_subject_gets_no_ack_but_the_message_is_kept(
     assert ack is None and record.value == b"v"
 
 
+def test_capture_batch_gives_each_record_its_own_subject_and_reply():
+    deliveries = [("a", "", b"1"), ("a", "", b"2"), ("b", "", b"3"), ("a", "r", b"4"), ("a", "".join([]), b"5")]
+    batch = capture_batch(deliveries)
+    assert [(r.headers["subject"], r.headers["reply"]) for r in batch.records] == [
+        (b"a", b""), (b"a", b""), (b"b", b""), (b"a", b"r"), (b"a", b"")]
+    assert [r.header_block for r in batch.records] == [record_from_nats(p, s, r)[0].header_block for s, r, p in deliveries]
+
+
 def test_capture_batch_pairs_each_ack_with_its_record():
     deliveries = [
         ("s", "", b"plain"),
@@ -69,6 +77,7 @@ def test_capture_batch_pairs_each_ack_with_its_record():
     assert [r.value for r in batch.records] == [b"plain", b"a", b"b", b"c"]
     assert [(i, a.inbox, a.policy) for i, a in batch.acks] == [(1, "in.a", ALL), (3, "in.c", LEADER)]
     assert batch.records[2].headers == {"subject": b"s", "reply": b"r"}
+    assert batch.records[3].headers == {"subject": b"s", "reply": b""}
 
 
 _names = st.text(st.characters(codec="utf-8", exclude_characters=" "), min_size=1, max_size=30)

@@ -54,8 +54,13 @@ class CapturedBatch:
 def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
     batch = CapturedBatch([], [])
     records, acks = batch.records, batch.acks
-    for subject, reply, payload in deliveries:
-        record, ack = record_from_nats(payload, subject, reply)
+    subject = reply = None
+    for delivery_subject, delivery_reply, payload in deliveries:
+        # The capture connection hands out one str per distinct subject: identity finds repeats.
+        if delivery_subject is not subject or delivery_reply is not reply:
+            subject, reply = delivery_subject, delivery_reply
+            headers, header_block = _stored_headers(subject, reply)
+        record, ack = _record(payload, subject, headers, header_block)
         if ack is not None:
             acks.append((len(records), ack))
         records.append(record)
@@ -65,7 +70,12 @@ def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
-    headers, header_block = _stored_headers(subject, reply)
+    return _record(data, subject, *_stored_headers(subject, reply))
+
+
+def _record(
+    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
+) -> tuple[Record, AckRequest | None]:
     if envelope.is_envelope(data):
         try:
             message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
@@ -73,7 +83,7 @@ def record_from_nats(
             log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
         else:
             return _record_from_publish(message, headers, header_block, subject)
-    return Record(value=data, headers=headers, header_block=header_block), None
+    return Record(data, None, headers, 0, header_block), None
 
 
 def _record_from_publish(
