@@ -342,21 +342,23 @@ class API(api_pb2_grpc.APIServicer):
             task.add_done_callback(slow.discard)
             return
         record = _record(request, local)
-        if not wait:
-            local.replica.submit([record])
-            respond(None)
-            return
 
         def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
-            if error is not None:
+            if error is None:
+                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+            elif wait:
                 failure = PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")
                 respond(_async_error(request, failure))
             else:
-                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+                respond(None)  # an ack-NONE publish gets no answer, failed or not
 
         try:
-            self.node.submit_local(local, record, request.ackPolicy, request.correlationId, local.subject, acked)
-        except (PartitionClosed, NotLeader) as exc:
+            if wait:
+                self.node.submit_local(local, record, request.ackPolicy, request.correlationId, local.subject, acked)
+            else:
+                local.replica.submit([record])
+                respond(None)
+        except (PartitionClosed, NotLeader) as exc:  # leadership ended since the metadata was read
             acked(None, exc)
 
     async def _publish_async_the_long_way(
