@@ -13,17 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import grpc
+import nats
 
 from bascule.client import BasculeError, Client, PartitionInfo
 from bascule.partition.log import CommitLog
 from bascule.partition.log import checkpoint
 from bascule.testing.local import LocalCluster
+from bascule.wire import envelope
 from bascule.wire.entry import scan
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 
@@ -509,9 +512,66 @@ def check_stored_logs(
     return logs
 
 
+class EnvelopePublisher(Publisher):
+    """Publisher's load through the capture path: Liftbridge envelopes on the stream's subject over
+    plain NATS, each with its own ack inbox (ack ALL), ``batch`` in flight at a time. Every ack is
+    recorded as it arrives; a batch not fully acked within ``timeout`` is sent again (as new values'
+    duplicates: only acked values must survive)."""
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        nc = await nats.connect(self.cluster.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        prefix = f"_INBOX.faults.{uuid.uuid4().hex}."
+        waiting: dict[str, tuple[bytes, asyncio.Future]] = {}
+
+        async def on_ack(msg: Any) -> None:
+            value, acked = waiting.pop(msg.subject, (None, None))
+            if acked is None or acked.done():
+                return
+            ack = envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack)
+            previous = self.acked.setdefault(ack.offset, value)
+            if previous != value:
+                self.conflicts.append(f"offset {ack.offset} acked for {previous!r} and for {value!r}")
+            acked.set_result(ack)
+
+        await nc.subscribe(prefix + "*", cb=on_ack)
+        sent = 0
+        try:
+            while not self._stop.is_set():
+                values = [f"{self.tag}-{self._seq + i}".encode() for i in range(self.batch)]
+                self._seq += self.batch
+                while not self._stop.is_set():
+                    futures = []
+                    for value in values:
+                        sent += 1
+                        inbox = f"{prefix}{sent}"
+                        futures.append(loop.create_future())
+                        waiting[inbox] = (value, futures[-1])
+                        message = api_pb2.Message(value=value, ackInbox=inbox, correlationId=inbox,
+                                                  ackPolicy=api_pb2.AckPolicy.ALL)
+                        await nc.publish(self.stream_subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+                    try:
+                        await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
+                    except asyncio.TimeoutError:
+                        self.failures += 1
+                        self.errors["ack timeout"] += 1
+                        waiting.clear()
+                        continue
+                    self.batches_acked += 1
+                    self.last_ack_time = time.monotonic()
+                    break
+                await asyncio.sleep(self.pause)
+        finally:
+            await nc.close()
+
+    @property
+    def stream_subject(self) -> str:
+        return f"{self.stream}.in"  # how the fault tests name a stream's subject (partition 0)
+
+
 @contextlib.asynccontextmanager
-async def running_publisher(cluster: LocalCluster, stream: str, **kwargs: Any):
-    publisher = Publisher(cluster, stream, **kwargs).start()
+async def running_publisher(cluster: LocalCluster, stream: str, kind: type[Publisher] | None = None, **kwargs: Any):
+    publisher = (kind or Publisher)(cluster, stream, **kwargs).start()
     try:
         yield publisher
     finally:

@@ -29,6 +29,7 @@ from bascule.wire.pb import api_pb2, api_pb2_grpc
 
 from cluster_checks import (
     FAST,
+    EnvelopePublisher,
     InvariantViolation,
     agreed_partition,
     check_acked,
@@ -141,6 +142,30 @@ async def test_hard_bounce_of_the_leader_under_ack_all_load() -> None:
         reader.check(await check_live(cluster, "bounce", load.acked))
         assert len(epochs) >= bounces + 1 and epochs[-1][0] >= bounces, epochs
         stop_and_check_files(cluster, {"bounce": load.acked})
+
+
+async def test_hard_bounce_of_the_leader_under_envelope_acks_over_nats() -> None:
+    """The capture path's acks: envelopes on the stream subject, ack ALL to inboxes; SIGKILL the leader
+    twice. An ack names an offset only once the whole ISR has it, however the bursts were grouped."""
+    with LocalCluster(3, config=FAST) as cluster:
+        await create_stream(cluster, "envbounce")
+        async with running_publisher(cluster, "envbounce", kind=EnvelopePublisher, batch=50) as load:
+            await load.wait_acks(5, 10)
+            for _ in range(2):
+                old = await leader_index(cluster, "envbounce")
+                old_id = cluster.node(old).server_id
+                cluster.kill(old)
+                await new_leader(cluster, "envbounce", [i for i in ALL_NODES if i != old], old_id)
+                await load.wait_acks(3, 15)
+                await restart(cluster, old)
+                await wait_for(lambda: converged(cluster, "envbounce", ALL_NODES), 25,
+                               f"{old_id} to rejoin the ISR", cluster)
+                await load.wait_acks(3, 10)
+        print(f"envelope bounce: {len(load.acked)} acked of {load.values_sent} sent, {load.failures} failed batches")
+        assert not load.conflicts, load.conflicts
+        assert load.failures > 0, "no batch ever failed: the kills did not hit the load"
+        await check_live(cluster, "envbounce", load.acked)
+        stop_and_check_files(cluster, {"envbounce": load.acked})
 
 
 # ---- 2. follower with a divergent tail ----------------------------------------------------------------
