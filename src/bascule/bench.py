@@ -2022,28 +2022,42 @@ async def worker_nats_pub(spec: dict[str, Any]) -> dict[str, Any]:
     return {"start": start, "end": end, "count": count}
 
 
+class Reception:
+    """Counts received messages: when the first came, and `done` once `count` have."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.received, self.first, self.end = count, 0, 0.0, 0.0
+        self.done = asyncio.get_running_loop().create_future()
+
+    def got_one(self) -> bool:
+        """One more message; True once the count is reached."""
+        self.received += 1
+        if self.received == 1:
+            self.first = _now()
+        if self.received >= self.count and not self.done.done():
+            self.end = _now()
+            self.done.set_result(None)
+        return self.done.done()
+
+    async def on_message(self, msg: Any) -> None:
+        self.got_one()
+
+    def result(self) -> dict[str, Any]:
+        return {"first": self.first, "end": self.end, "received": self.received}
+
+
 async def worker_nats_sub(spec: dict[str, Any]) -> dict[str, Any]:
     nc = await _nats_connect(spec["url"])
     count = spec["count"]
-    state = {"received": 0, "first": 0.0, "end": 0.0}
-    done = asyncio.get_running_loop().create_future()
-
-    async def on_message(msg: Any) -> None:
-        state["received"] += 1
-        if state["received"] == 1:
-            state["first"] = _now()
-        if state["received"] >= count and not done.done():
-            state["end"] = _now()
-            done.set_result(None)
-
-    await nc.subscribe(spec["subject"], cb=on_message, pending_msgs_limit=count + 10,
+    reception = Reception(count)
+    await nc.subscribe(spec["subject"], cb=reception.on_message, pending_msgs_limit=count + 10,
                        pending_bytes_limit=count * 512 + (1 << 20))
     await flush(nc)
     _emit("READY")
     await _wait_go()
-    await done
+    await reception.done
     await nc.close()
-    return state
+    return reception.result()
 
 
 async def worker_bascule_acked_grpc(spec: dict[str, Any]) -> dict[str, Any]:
@@ -2175,20 +2189,15 @@ async def worker_js_acked(spec: dict[str, Any]) -> dict[str, Any]:
 async def worker_bascule_consume(spec: dict[str, Any]) -> dict[str, Any]:
     from bascule.client import Client
 
-    count = spec["count"]
+    reception = Reception(spec["count"])
     async with Client(spec["address"]) as client:
         await client.fetch_metadata()
         _emit("READY")
         start = await _wait_go()
-        received, first = 0, 0.0
-        async for message in client.subscribe(spec["stream"], spec["partition"], start="earliest"):
-            received += 1
-            if received == 1:
-                first = _now()
-            if received >= count:
+        async for _ in client.subscribe(spec["stream"], spec["partition"], start="earliest"):
+            if reception.got_one():
                 break
-        end = _now()
-    return {"start": start, "first": first, "end": end, "received": received}
+    return {"start": start, **reception.result()}
 
 
 async def worker_bascule_consume_grpc(spec: dict[str, Any]) -> dict[str, Any]:
@@ -2197,7 +2206,7 @@ async def worker_bascule_consume_grpc(spec: dict[str, Any]) -> dict[str, Any]:
 
     from bascule.wire.pb import api_pb2, api_pb2_grpc
 
-    count = spec["count"]
+    reception = Reception(spec["count"])
     channel = grpc.aio.insecure_channel(spec["address"])
     stub = api_pb2_grpc.APIStub(channel)
     await stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=10)
@@ -2206,17 +2215,15 @@ async def worker_bascule_consume_grpc(spec: dict[str, Any]) -> dict[str, Any]:
     request = api_pb2.SubscribeRequest(stream=spec["stream"], partition=spec["partition"],
                                        startPosition=api_pb2.StartPosition.EARLIEST)
     call = stub.Subscribe(request)
-    received, first = -1, 0.0  # the first message is Liftbridge's empty handshake
+    handshake = True  # Liftbridge's first message is an empty one
     async for _ in call:
-        received += 1
-        if received == 1:
-            first = _now()
-        if received >= count:
+        if handshake:
+            handshake = False
+        elif reception.got_one():
             break
-    end = _now()
     call.cancel()
     await channel.close()
-    return {"start": start, "first": first, "end": end, "received": received}
+    return {"start": start, **reception.result()}
 
 
 async def worker_grpc_floor_server(spec: dict[str, Any]) -> dict[str, Any]:
@@ -2258,25 +2265,15 @@ async def worker_js_consume(spec: dict[str, Any]) -> dict[str, Any]:
     nc = await _nats_connect(spec["url"])
     js = nc.jetstream()
     count = spec["count"]
-    state = {"received": 0, "first": 0.0, "end": 0.0}
-    done = asyncio.get_running_loop().create_future()
-
-    async def on_message(msg: Any) -> None:
-        state["received"] += 1
-        if state["received"] == 1:
-            state["first"] = _now()
-        if state["received"] >= count and not done.done():
-            state["end"] = _now()
-            done.set_result(None)
-
+    reception = Reception(count)
     await js.account_info()
     _emit("READY")
     start = await _wait_go()
-    await js.subscribe(spec["subject"], cb=on_message, ordered_consumer=True,
+    await js.subscribe(spec["subject"], cb=reception.on_message, ordered_consumer=True,
                        pending_msgs_limit=count + 10, pending_bytes_limit=count * 1024 + (1 << 20))
-    await done
+    await reception.done
     await nc.close()
-    return {"start": start, **state}
+    return {"start": start, **reception.result()}
 
 
 WORKERS: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
