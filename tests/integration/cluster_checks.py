@@ -252,9 +252,15 @@ class Publisher:
 
     def _record(self, acks: list, values: list[bytes]) -> None:
         for ack, value in zip(acks, values):
-            previous = self.acked.setdefault(ack.offset, value)
-            if previous != value:
-                self.conflicts.append(f"offset {ack.offset} acked for {previous!r} and for {value!r}")
+            self._record_ack(ack.offset, value)
+        self._batch_acked()
+
+    def _record_ack(self, offset: int, value: bytes) -> None:
+        previous = self.acked.setdefault(offset, value)
+        if previous != value:
+            self.conflicts.append(f"offset {offset} acked for {previous!r} and for {value!r}")
+
+    def _batch_acked(self) -> None:
         self.batches_acked += 1
         self.last_ack_time = time.monotonic()
 
@@ -529,9 +535,7 @@ class EnvelopePublisher(Publisher):
             if acked is None or acked.done():
                 return
             ack = envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack)
-            previous = self.acked.setdefault(ack.offset, value)
-            if previous != value:
-                self.conflicts.append(f"offset {ack.offset} acked for {previous!r} and for {value!r}")
+            self._record_ack(ack.offset, value)
             acked.set_result(ack)
 
         await nc.subscribe(prefix + "*", cb=on_ack)
@@ -557,8 +561,7 @@ class EnvelopePublisher(Publisher):
                         self.errors["ack timeout"] += 1
                         waiting.clear()
                         continue
-                    self.batches_acked += 1
-                    self.last_ack_time = time.monotonic()
+                    self._batch_acked()
                     break
                 await asyncio.sleep(self.pause)
         finally:
