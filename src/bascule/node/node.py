@@ -34,7 +34,7 @@ from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_er
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
-from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica, SyncPolicy, settle
+from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica, SyncPolicy, settle
 from bascule.partition.subjects import Subjects
 from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
@@ -603,15 +603,13 @@ class Node:
             return  # no ack: the publisher's timeout tells it the write did not happen
         on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
         on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]
-        if on_write:
-            self._send_acks(local, first_offset, on_write, reception_ns)
-        if on_commit:
-            local.replica.when_committed(
-                first_offset + on_commit[-1][0],
-                partial(self._captured_commit, local, first_offset, on_commit, reception_ns),
-            )
+        for group in (on_write, on_commit):
+            if group:
+                index, request = group[-1]
+                _at_ack_point(local, request.policy, first_offset + index,
+                              partial(self._captured_ack_point, local, first_offset, group, reception_ns))
 
-    def _captured_commit(
+    def _captured_ack_point(
         self, local: LocalPartition, first_offset: int, acks: list[tuple[int, capture.AckRequest]],
         reception_ns: int, last_offset: int | None, error: BaseException | None,
     ) -> None:
@@ -636,7 +634,7 @@ class Node:
         reception = time.time_ns()
         request = capture.AckRequest("", correlation_id, policy, msg_subject)
 
-        def committed(offset: int | None, error: BaseException | None) -> None:
+        def ack_point(offset: int | None, error: BaseException | None) -> None:
             if error is not None:
                 on_ack(None, error)
             else:
@@ -644,10 +642,10 @@ class Node:
                                            time.time_ns()), None)
 
         def written(offset: int | None, error: BaseException | None) -> None:
-            if error is None and policy == capture.ALL:
-                local.replica.when_committed(offset, committed)
+            if error is None:
+                _at_ack_point(local, policy, offset, ack_point)
             else:
-                committed(offset, error)
+                on_ack(None, error)
 
         local.replica.submit([record], written, API_WRITE_LINGER)
 
@@ -707,3 +705,11 @@ class Node:
 def _copy_partition(p: Partition) -> Partition:
     return Partition(**{**vars(p), "replicas": list(p.replicas), "isr": list(p.isr)})
 
+
+def _at_ack_point(local: LocalPartition, policy: int, offset: int, then: Outcome) -> None:
+    """Call ``then`` once the record written at ``offset`` may be acked under ``policy``: at once
+    (LEADER), or once it is committed (ALL)."""
+    if policy == capture.ALL:
+        local.replica.when_committed(offset, then)
+    else:
+        then(offset, None)
