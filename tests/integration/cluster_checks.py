@@ -455,7 +455,13 @@ async def check_live(
 
 
 def partition_dir(cluster: LocalCluster, index: int, stream: str) -> Path:
-    return cluster.node(index).data_dir / "streams" / stream / "0"
+    return newest_incarnation(cluster.node(index).data_dir, stream) / "0"
+
+
+def newest_incarnation(data_dir: Path, stream: str) -> Path:
+    """A stream's directory on a node: ``<name>@<creation time>``, the newest if several."""
+    found = sorted((data_dir / "streams").glob(f"{stream}@*"), key=lambda d: int(d.name.rsplit("@", 1)[1]))
+    return found[-1] if found else data_dir / "streams" / f"{stream}@missing"
 
 
 @dataclass

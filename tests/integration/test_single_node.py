@@ -249,7 +249,8 @@ async def test_flipped_byte_in_segment_is_never_served(tmp_path):
             await client.wait_ready()
             await client.create_stream("rot", "rot")
             await client.publish_many("rot", [b"payload-%03d" % i for i in range(100)], ack_policy="all")
-    segment = next((tmp_path / "streams" / "rot" / "0").glob("*.log"))
+    [stream_dir] = (tmp_path / "streams").glob("rot@*")
+    segment = next((stream_dir / "0").glob("*.log"))
     data = bytearray(segment.read_bytes())
     position = data.find(b"payload-040")
     data[position + 8] ^= 0x01

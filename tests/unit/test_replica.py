@@ -14,7 +14,7 @@ pytestmark = pytest.mark.anyio
 
 def leader(tmp_path, sync: SyncPolicy, replicas=("me",)) -> PartitionReplica:
     replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), sync, time.monotonic)
-    replica.become_leader("me", 0, replicas, replicas, min_isr=1, max_lag_time=10.0)
+    replica.become_leader("me", 0, 0, replicas, replicas, min_isr=1, max_lag_time=10.0)
     return replica
 
 
@@ -63,3 +63,36 @@ async def test_groups_waiting_for_their_append_fail_when_leadership_ends(tmp_pat
             replica.submit([Record(b"b")])
     finally:
         replica.close()
+
+
+async def test_a_write_synced_after_its_leadership_ended_is_never_acked(tmp_path):
+    """Under "always" the ack waits for an fsync in a thread; if leadership ended meanwhile, even
+    if this node was elected again, the write must not be acked: the new leadership's followers
+    may have truncated it."""
+    replica = leader(tmp_path, SyncPolicy(always=True), replicas=("me", "other"))
+    outcomes = []
+    try:
+        replica.submit([Record(b"a")], lambda offset, error: outcomes.append((offset, error)))
+        await asyncio.sleep(0)  # appended, its fsync running
+        replica.become_follower("other", 1)
+        replica.become_leader("me", 2, 5, ("me", "other"), ("me",), min_isr=1, max_lag_time=10.0)
+        await until(lambda: outcomes)
+        assert outcomes[0][0] is None and isinstance(outcomes[0][1], NotLeader)
+    finally:
+        replica.close()
+
+
+def test_position_names_the_epoch_of_the_last_entry_not_an_empty_leader_epoch(tmp_path):
+    async def run():
+        replica = leader(tmp_path, SyncPolicy())
+        try:
+            assert replica.position() == (-1, 0)
+            replica.submit([Record(b"a"), Record(b"b")])
+            await until(lambda: replica.high_watermark == 1)
+            replica.become_follower("other", 0)
+            replica.become_leader("me", 4, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0)  # nothing written in 4
+            assert replica.position() == (0, 2)
+        finally:
+            replica.close()
+
+    asyncio.run(run())

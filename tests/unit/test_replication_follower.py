@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bascule.partition.log.epochs import EpochHistory
-from bascule.partition.replication.election import start_leader_epoch
+from bascule.partition.replication.leader import start_leader_epoch
 from bascule.partition.replication.follower import (
     Append,
     Follower,

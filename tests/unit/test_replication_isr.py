@@ -161,16 +161,20 @@ def test_refused_expansion_releases_the_hw():
     assert t.expand_proposals(3.0) == ["G"]
 
 
-def test_unsettled_expansion_expires():
+def test_unsettled_expansion_holds_the_hw_until_a_newer_partition_epoch_settles_it():
+    """An expansion whose outcome is unknown is not a refusal: only an ISR committed at a newer
+    partition epoch than the proposal's (which can then never commit) settles it as refused."""
     t = tracker(isr=("L", "F"), leo=10, hw=4)
     t.record_fetch("F", 10, 7, 1.0)
     t.record_fetch("G", 10, 7, 1.0)
-    assert t.expand_proposals(1.0) == ["G"]
+    assert t.expand_proposals(1.0, partition_epoch=3) == ["G"]
     t.leader_appended(14)
     t.record_fetch("F", 14, 7, 2.0)
     assert t.hw == 9
-    assert t.shrink_proposals(16.0) == [] and t.hw == 9  # still within max_lag_time
-    t.shrink_proposals(16.5)
+    t.shrink_proposals(100.0)
+    t.set_isr({"L", "F"}, 100.0, partition_epoch=3)  # the same epoch: the proposal may still commit
+    assert t.pending_expansions == {"G"} and t.hw == 9
+    t.set_isr({"L", "F"}, 101.0, partition_epoch=4)
     assert t.pending_expansions == frozenset() and t.hw == 13
 
 
@@ -180,9 +184,10 @@ def test_late_expansion_lacking_committed_messages_is_shrunk_at_once():
     t.record_fetch("G", 10, 7, 1.0)
     t.expand_proposals(1.0)
     t.leader_appended(14)
-    t.record_fetch("F", 14, 7, 20.0)  # the pending expansion expired: the HW moves on
+    t.expand_refused("G")
+    t.record_fetch("F", 14, 7, 20.0)
     assert t.hw == 13
-    t.set_isr({"L", "F", "G"}, 21.0)  # the metadata's answer arrives after all
+    t.set_isr({"L", "F", "G"}, 21.0)  # G joins all the same (say, an operator's change)
     assert t.shrink_proposals(21.0) == ["G"]
 
 

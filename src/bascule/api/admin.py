@@ -53,7 +53,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         response = admin_pb2.PartitionsResponse()
         for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly in sorted(partitions):
             key = f"{stream}/{pid}"
-            leader_end, leader_hw = reports.get(leader, {}).get(key, (-1, -1))
+            leader_end, leader_hw, _ = reports.get(leader, {}).get(key, (-1, -1, -1))
             status = response.partitions.add(
                 stream=stream, partition=pid, leader=leader, replicas=replicas, isr=isr,
                 highWatermark=leader_hw, partitionEpoch=epoch, leaderEpoch=leader_epoch,
@@ -61,7 +61,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
             )
             for replica in replicas:
                 reachable = key in reports.get(replica, {})
-                end, hw = reports.get(replica, {}).get(key, (-1, -1))
+                end, hw, _ = reports.get(replica, {}).get(key, (-1, -1, -1))
                 status.replicaStatus.add(
                     id=replica, logEndOffset=end, highWatermark=hw, inIsr=replica in isr, reachable=reachable,
                     lag=max(leader_end - end, 0) if reachable and leader_end >= 0 else -1,

@@ -250,6 +250,8 @@ class API(api_pb2_grpc.APIServicer):
 
     async def node_publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
         local = self._writable_leader(request) or await self._resume_here(request)
+        if local is not None and not local.replica.is_leader:
+            local = await self.node.until_leading(request.stream, request.partition)
         if local is None:
             return await self.node.publish_remote(request, wait)
         record = _record(request, local)
@@ -258,7 +260,9 @@ class API(api_pb2_grpc.APIServicer):
             return None
         try:
             return await self.node.publish_local(local, record, request.ackPolicy, request.correlationId, local.subject)
-        except (PartitionClosed, NotLeader, OSError) as exc:
+        except (PartitionClosed, NotLeader) as exc:
+            raise PublishError(grpc.StatusCode.UNAVAILABLE, f"publish failed: {exc}", "UNAVAILABLE") from exc
+        except OSError as exc:
             raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
 
     def _writable_leader(self, request: api_pb2.PublishRequest) -> LocalPartition | None:
@@ -336,7 +340,7 @@ class API(api_pb2_grpc.APIServicer):
         except PublishError as exc:
             respond(_async_error(request, exc))
             return
-        if local is None:
+        if local is None or not local.replica.is_leader:
             task = asyncio.create_task(self._publish_async_the_long_way(request, wait, respond))
             slow.add(task)
             task.add_done_callback(slow.discard)
@@ -347,7 +351,7 @@ class API(api_pb2_grpc.APIServicer):
             if error is None:
                 respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
             elif wait:
-                failure = PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")
+                failure = PublishError(grpc.StatusCode.UNAVAILABLE, f"publish failed: {error}", "UNAVAILABLE")
                 respond(_async_error(request, failure))
             else:
                 respond(None)  # an ack-NONE publish gets no answer, failed or not

@@ -153,6 +153,11 @@ class MetadataRaft:
             return reader(self._store.state)
 
     @property
+    def ready(self) -> bool:
+        """The journal has been applied up to the commit index of a leader (or this node's own)."""
+        return self._sync.isReady()
+
+    @property
     def is_leader(self) -> bool:
         return self._sync._isLeader()
 

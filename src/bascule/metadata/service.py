@@ -10,19 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 import msgpack
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
+from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
-from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, MetadataState
-from bascule.partition.replication.election import (
-    Candidate, LeaderFailureReports, ReportVerdict, choose_leader, isr_after_leader_change,
-)
+from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, MetadataState, Partition
 from bascule.partition.subjects import Subjects
 from bascule.wire import envelope
 
@@ -41,17 +40,22 @@ def _unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+# Positions of a partition's replicas on the given brokers, as many as answer: (stream, partition,
+# brokers) -> {broker: position}.
+GatherPositions = Callable[[str, int, Collection[str]], Awaitable[dict[str, Position]]]
+
+
 class MetadataService:
     def __init__(
-        self, raft: MetadataRaft, nc: NATS, subjects: Subjects, leader_grace: float,
-        clock: Callable[[], float] = time.monotonic,
+        self, raft: MetadataRaft, nc: NATS, subjects: Subjects, leader_timeout: float,
+        gather_positions: GatherPositions, clock: Callable[[], float] = time.monotonic,
     ):
         self.raft = raft
         self.nc = nc
         self.subjects = subjects
         self.clock = clock
-        self._reports = LeaderFailureReports(election_grace=leader_grace)
-        self._positions: dict[tuple[str, int, str], tuple[int, int]] = {}
+        self._gather_positions = gather_positions
+        self._elections = Elections(election_grace=leader_timeout, return_patience=leader_timeout)
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.propagate, cb=self._on_propagated)
@@ -110,6 +114,8 @@ class MetadataService:
             await self._create_stream(**args)
         elif op == "report_leader":
             await self._report_leader(**args)
+        elif op == "leader_returned":
+            await self._leader_returned(**args)
         else:
             await self.raft.propose(op, **args)
 
@@ -137,30 +143,48 @@ class MetadataService:
         last_epoch: int, log_end_offset: int,
     ) -> None:
         """Liftbridge's witness rule: a quorum of ISR followers must report before the leader moves."""
-        current = self.raft.read(lambda s: s.partition(stream, partition))
-        if current is None:
+        view = self._view(stream, partition)
+        decision = self._elections.leader_reported(
+            (stream, partition), view, leader, leader_epoch, reporter,
+            Position(last_epoch, log_end_offset), self.clock(),
+        )
+        if decision is None:
+            return
+        log.info("%s/%s: leader %s failed (epoch %d), electing %s", stream, partition, leader, leader_epoch,
+                 decision.leader)
+        await self._propose_election(stream, partition, decision)
+
+    async def _leader_returned(
+        self, stream: str, partition: int, leader: str, leader_epoch: int, last_epoch: int, log_end_offset: int,
+    ) -> None:
+        """A leader restarted: it never resumes its old epoch (see ``Elections``)."""
+        view = self._view(stream, partition)
+        if view.leader != leader or view.leader_epoch != leader_epoch:
+            return
+        positions = await self._gather_positions(stream, partition, view.isr - {leader})
+        positions[leader] = Position(last_epoch, log_end_offset)
+        decision = self._elections.leader_returned(
+            (stream, partition), self._view(stream, partition), leader, leader_epoch, positions, self.clock(),
+        )
+        if decision is None:
+            raise NoMetadataLeader(f"{stream}/{partition}: waiting for the positions of the ISR")
+        log.info("%s/%s: leader %s returned (epoch %d), electing %s", stream, partition, leader, leader_epoch,
+                 decision.leader)
+        await self._propose_election(stream, partition, decision)
+
+    def _view(self, stream: str, partition: int) -> PartitionView:
+        view = self.raft.read(lambda s: _partition_view(s.partition(stream, partition)))
+        if view is None:
+            self._elections.forget((stream, partition))
             raise MetadataError(NOT_FOUND, "no such partition")
-        key = (stream, partition)
-        self._positions[(stream, partition, reporter)] = (last_epoch, log_end_offset)
-        verdict = self._reports.report(
-            key, leader, leader_epoch, reporter,
-            leader=current.leader, epoch=current.leader_epoch, isr=current.isr, now=self.clock(),
-        )
-        if verdict is not ReportVerdict.LEADER_FAILED:
-            return
-        witnesses = [r for r in current.isr if (stream, partition, r) in self._positions and r != current.leader]
-        candidates = [Candidate(r, *self._positions[(stream, partition, r)]) for r in witnesses]
-        new_leader = choose_leader(candidates, current.isr, exclude={current.leader})
-        if new_leader is None:
-            log.warning("%s/%s: leader %s failed and no ISR replica can replace it", stream, partition, leader)
-            return
-        isr = sorted(isr_after_leader_change(current.isr, current.leader, new_leader))
-        log.info("%s/%s: leader %s failed (epoch %d), electing %s", stream, partition, leader, leader_epoch, new_leader)
+        return view
+
+    async def _propose_election(self, stream: str, partition: int, decision: Elect) -> None:
         await self.raft.propose(
-            "change_leader", name=stream, partition=partition, leader=new_leader,
-            leader_epoch=current.leader_epoch, isr=isr,
+            "change_leader", name=stream, partition=partition, leader=decision.leader,
+            leader_epoch=decision.leader_epoch, epoch=decision.epoch, isr=list(decision.isr),
         )
-        self._reports.elected(key, current.leader_epoch + 1, self.clock())
+        self._elections.elected((stream, partition), decision.leader_epoch + 1, self.clock())
 
     async def _on_join(self, msg: Msg) -> None:
         if not self.raft.is_leader or not msg.reply:
@@ -179,6 +203,12 @@ class MetadataService:
             self.raft.add_voter(address)
         reply = _pack({"members": sorted(set(members) | {address})})
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
+
+
+def _partition_view(partition: Partition | None) -> PartitionView | None:
+    if partition is None:
+        return None
+    return PartitionView(partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr))
 
 
 async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str, stopping: asyncio.Event) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from bascule.partition.replication.election import IsrChangeKind, validate_isr_change
+from bascule.metadata.election import IsrChangeKind, validate_isr_change
 
 # Result codes, named as the gRPC status codes the API maps them to.
 NOT_FOUND = "NOT_FOUND"
@@ -27,6 +27,7 @@ class Broker:
     host: str
     port: int
     raft: str
+    incarnation: str = ""  # new at every start of the broker's process
 
 
 @dataclass
@@ -38,6 +39,9 @@ class Partition:
     isr: list[str]
     epoch: int = 0  # bumps on every change of this partition's metadata
     leader_epoch: int = 0  # bumps on every leader change
+    # The incarnation of the leader's process that was given this leader epoch: a leader that
+    # restarted (another incarnation) must not resume it.
+    leader_incarnation: str = ""
     paused: bool = False
     readonly: bool = False
     paused_at: int = 0
@@ -106,7 +110,7 @@ class MetadataState:
         return state
 
     def _register_broker(self, c: dict[str, Any]) -> ApplyResult:
-        self.brokers[c["id"]] = Broker(c["id"], c["host"], c["port"], c["raft"])
+        self.brokers[c["id"]] = Broker(c["id"], c["host"], c["port"], c["raft"], c.get("incarnation", ""))
         return None
 
     def _create_stream(self, c: dict[str, Any]) -> ApplyResult:
@@ -116,7 +120,8 @@ class MetadataState:
         stream = Stream(name, c["subject"], c["group"], c["created"], dict(c["settings"]))
         for index, replicas in enumerate(c["replicas"]):
             stream.partitions[index] = Partition(
-                stream=name, id=index, replicas=list(replicas), leader=replicas[0], isr=list(replicas)
+                stream=name, id=index, replicas=list(replicas), leader=replicas[0], isr=list(replicas),
+                leader_incarnation=self._incarnation(replicas[0]),
             )
         self.streams[name] = stream
         return None
@@ -171,9 +176,12 @@ class MetadataState:
             return NOT_FOUND, "no such partition"
         if c["leader_epoch"] != p.leader_epoch:
             return FAILED_PRECONDITION, f"stale leader epoch {c['leader_epoch']}, current {p.leader_epoch}"
+        if c.get("epoch", p.epoch) != p.epoch:
+            return FAILED_PRECONDITION, f"stale partition epoch {c['epoch']}, current {p.epoch}"
         if c["leader"] not in p.isr:
             return FAILED_PRECONDITION, f"{c['leader']} is not in the ISR"
         p.leader = c["leader"]
+        p.leader_incarnation = self._incarnation(p.leader)
         p.isr = [r for r in p.replicas if r in c["isr"]]
         p.leader_epoch += 1
         p.epoch += 1
@@ -187,12 +195,17 @@ class MetadataState:
             IsrChangeKind.EXPAND if c["add"] else IsrChangeKind.SHRINK,
             c["replica"], c["leader"], c["leader_epoch"],
             leader=p.leader, epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr,
+            request_partition_epoch=c.get("epoch"), partition_epoch=p.epoch,
         )
         if not decision.accepted:
             return FAILED_PRECONDITION, f"ISR change refused: {decision.reason}"
         p.isr = [r for r in p.replicas if r in decision.isr]
         p.epoch += 1
         return None
+
+    def _incarnation(self, broker: str) -> str:
+        found = self.brokers.get(broker)
+        return found.incarnation if found else ""
 
     def _select(self, name: str, ids: list[int]) -> list[Partition] | tuple[str, str]:
         stream = self.streams.get(name)

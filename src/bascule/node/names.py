@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 RESERVED_STREAMS = frozenset({"__activity", "__cursors"})
 CURSORS_STREAM = "__cursors"
@@ -38,3 +39,10 @@ def subject_error(subject: str) -> str | None:
 
 def partition_subject(subject: str, partition: int) -> str:
     return subject if partition == 0 else f"{subject}.{partition}"
+
+
+def directory_name(name: str) -> str:
+    """``name`` as one safe directory name: whatever reached the metadata, it never names a
+    path outside its parent (no separators, no "." or "..", no control characters)."""
+    quoted = quote(name, safe="-_")
+    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted or "%00"

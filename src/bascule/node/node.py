@@ -14,15 +14,17 @@ import shutil
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, Callable
 
 import msgpack
 import nats
 from nats.aio.msg import Msg
 
+from bascule.metadata.election import Position, Role, replica_role
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
 from bascule.metadata.state import INVALID_ARGUMENT, MetadataState, Partition, Stream
@@ -30,11 +32,12 @@ from bascule.node import capture
 from bascule.node.config import Config
 from bascule.node.embedded_nats import EmbeddedNats
 from bascule.node.nats_capture import CaptureConnection, Delivery
-from bascule.node.names import CURSORS_STREAM, partition_subject, stream_name_error, subject_error
+from bascule.node.names import CURSORS_STREAM, directory_name, partition_subject, stream_name_error, subject_error
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica, SyncPolicy, settle
+from bascule.partition.replication.leader import IsrOutcome, IsrRequest
 from bascule.partition.subjects import Subjects
 from bascule.wire.pb import internal_pb2
 from bascule.wire import envelope
@@ -50,6 +53,9 @@ REGISTRATION_WAIT = 10.0
 ADMIN_TIMEOUT = 2.0
 STREAM_START_WAIT = 5.0
 AUTO_PAUSE_CHECK_INTERVAL = 1.0
+RAFT_READY_POLL = 0.05
+RETURN_RETRY = 0.5
+LEADERSHIP_POLL = 0.02
 # gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
@@ -63,7 +69,6 @@ class LocalPartition:
     capture: int | None = None  # subscription id on the capture connection
     endpoint: LeaderEndpoint | None = None
     follower: FollowerLoop | None = None
-    isr_requests: set[tuple[str, bool]] = field(default_factory=set)
     pause_requested: bool = False
     started: bool = False  # its role and capture are set up (reported to admin queries from then on)
 
@@ -88,6 +93,9 @@ class Node:
         self._ack_prefix = ""
         self._ack_waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
         self._ack_sequence = 0
+        # This process's incarnation: a leader epoch given to an earlier one is never resumed.
+        self.incarnation = uuid.uuid4().hex
+        self._returning: set[tuple[str, int, int]] = set()  # (stream, partition, leader epoch) being handed back
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -117,7 +125,8 @@ class Node:
             self._schedule_reconcile,
         )
         self.metadata = MetadataService(
-            self.raft, self.nats, self.subjects, self.config.clustering.replica_max_leader_timeout
+            self.raft, self.nats, self.subjects, self.config.clustering.replica_max_leader_timeout,
+            self._gather_positions,
         )
         await self.metadata.start()
         await self.nats.subscribe(self.subjects.admin_status, cb=self._on_status_request)
@@ -229,11 +238,13 @@ class Node:
         host, port = self.config.advertised_host, self.api_port
         while not self._stopping.is_set():
             registered = self.read(lambda s: s.brokers.get(self.server_id))
-            if registered and (registered.host, registered.port, registered.raft) == (host, port, raft_address):
+            wanted = (host, port, raft_address, self.incarnation)
+            if registered and (registered.host, registered.port, registered.raft, registered.incarnation) == wanted:
                 break
             try:
                 await self.metadata.call(
-                    "register_broker", id=self.server_id, host=host, port=port, raft=raft_address
+                    "register_broker", id=self.server_id, host=host, port=port, raft=raft_address,
+                    incarnation=self.incarnation,
                 )
             except NoMetadataLeader:
                 await asyncio.sleep(0.2)
@@ -269,6 +280,11 @@ class Node:
                 raise MetadataError(INVALID_ARGUMENT, problem)
         if partitions < 0:
             raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
+        min_isr = settings.get("min_isr") or 0
+        if replication_factor > 0 and min_isr > replication_factor:
+            raise MetadataError(
+                INVALID_ARGUMENT, f"min ISR {min_isr} exceeds the replication factor {replication_factor}"
+            )
         await self.metadata.call(
             "create_stream", name=name, subject=subject, group=group,
             replication_factor=replication_factor, partitions=partitions or 1, settings=settings,
@@ -300,11 +316,16 @@ class Node:
         self._spawn(self._reconcile())
 
     async def _reconcile(self) -> None:
+        # A journal being replayed passes through old states (a stream not yet created, a
+        # leader epoch long gone): act only on a state that has caught up with the group.
+        while not self.raft.ready:
+            await asyncio.sleep(RAFT_READY_POLL)
         async with self._reconcile_lock:
             self._reconcile_scheduled = False
             wanted = self.read(self._wanted_partitions)
             for key in [k for k in self.partitions if k not in wanted]:
                 await self._close_partition(key, delete=True)
+            self._remove_unassigned_directories({self._partition_dir(s, p.id) for s, p in wanted.values()})
             for key, (stream, partition) in wanted.items():
                 try:
                     await self._apply_partition(stream, partition)
@@ -319,16 +340,32 @@ class Node:
             if self.server_id in p.replicas
         }
 
+    def _remove_unassigned_directories(self, assigned: set[Path]) -> None:
+        """Partition directories the metadata no longer assigns here (a stream deleted while this
+        node was down, an old incarnation of a recreated stream) go: nothing may ever serve them."""
+        streams = self.data_dir / "streams"
+        if not streams.is_dir():
+            return
+        for stream_dir in streams.iterdir():
+            for partition_dir in [d for d in stream_dir.iterdir() if d not in assigned] if stream_dir.is_dir() else []:
+                log.info("removing %s: not assigned to this node", partition_dir)
+                shutil.rmtree(partition_dir, ignore_errors=True)
+            if stream_dir.is_dir() and not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+
     async def _apply_partition(self, stream: Stream, partition: Partition) -> None:
         key = (stream.name, partition.id)
         local = self.partitions.get(key)
         if local is None:
             local = self._open_partition(stream, partition)
             self.partitions[key] = local
-        if partition.leader == self.server_id:
+        role = replica_role(partition.leader, partition.leader_incarnation, self.server_id, self.incarnation)
+        if role is Role.FOLLOW:
+            await self._follow(local, partition)
+        elif role is Role.LEAD:
             await self._lead(local, stream, partition)
         else:
-            await self._follow(local, partition)
+            await self._hand_back(local, partition)
         local.replica.set_flags(partition.paused, partition.readonly)
         capturing = local.replica.is_leader and not partition.paused and not partition.readonly
         if capturing and local.capture is None:
@@ -346,10 +383,9 @@ class Node:
         clustering = self.config.clustering
         min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
         local.replica.become_leader(
-            self.server_id, partition.leader_epoch, partition.replicas, partition.isr,
+            self.server_id, partition.leader_epoch, partition.epoch, partition.replicas, partition.isr,
             min_isr, clustering.replica_max_lag_time,
         )
-        local.isr_requests.clear()
         if local.endpoint is None:
             local.endpoint = LeaderEndpoint(self.nats, self.subjects, local.replica, clustering.replication_max_bytes)
             await local.endpoint.start()
@@ -373,8 +409,62 @@ class Node:
         )
         local.follower.start()
 
+    async def _hand_back(self, local: LocalPartition, partition: Partition) -> None:
+        """The metadata names this node leader of an epoch given to an earlier run of it: the
+        log may have lost its unsynced tail since, so that epoch is not resumed. Until the
+        metadata leader elects again (this node with a new epoch, or another ISR member), the
+        replica neither leads nor follows."""
+        if local.follower is not None:
+            await local.follower.stop()
+            local.follower = None
+        if local.endpoint is not None:
+            await local.endpoint.stop()
+            local.endpoint = None
+        local.replica.become_follower("", partition.leader_epoch)
+        key = (partition.stream, partition.id, partition.leader_epoch)
+        if key not in self._returning:
+            self._returning.add(key)
+            self._spawn(self._report_return(local.replica, key))
+
+    async def _report_return(self, replica: PartitionReplica, key: tuple[str, int, int]) -> None:
+        stream, partition, leader_epoch = key
+        log.info("%s/%s: this node led epoch %d before it restarted: asking for an election",
+                 stream, partition, leader_epoch)
+        try:
+            while not self._stopping.is_set() and not replica.closed and self._still_returning(key):
+                last_epoch, log_end_offset = replica.position()
+                try:
+                    await self.metadata.call(
+                        "leader_returned", stream=stream, partition=partition, leader=self.server_id,
+                        leader_epoch=leader_epoch, last_epoch=last_epoch, log_end_offset=log_end_offset,
+                    )
+                except (MetadataError, NoMetadataLeader) as exc:
+                    log.info("%s/%s: election after return not done yet: %s", stream, partition, exc)
+                await asyncio.sleep(RETURN_RETRY)
+        finally:
+            self._returning.discard(key)
+
+    def _still_returning(self, key: tuple[str, int, int]) -> bool:
+        stream, partition, leader_epoch = key
+        current = self.read(lambda s: s.partition(stream, partition))
+        return (
+            current is not None and current.leader_epoch == leader_epoch
+            and replica_role(current.leader, current.leader_incarnation, self.server_id, self.incarnation)
+            is Role.HAND_BACK
+        )
+
+    async def _gather_positions(self, stream: str, partition: int, brokers: Collection[str]) -> dict[str, Position]:
+        if not brokers:
+            return {}
+        reports = await self.gather_replica_reports(ADMIN_TIMEOUT, set(brokers))
+        key = f"{stream}/{partition}"
+        return {
+            broker: Position(report[key][2], report[key][0])
+            for broker, report in reports.items() if broker in brokers and key in report
+        }
+
     def _open_partition(self, stream: Stream, partition: Partition) -> LocalPartition:
-        path = self._partition_dir(stream.name, partition.id)
+        path = self._partition_dir(stream, partition.id)
         commit_log = CommitLog.open(path, self._log_config(stream.settings))
         replica = PartitionReplica(
             stream.name, partition.id, commit_log, self._sync_policy(), time.monotonic, self._notify_followers
@@ -385,8 +475,10 @@ class Node:
             group=stream.group,
         )
 
-    def _partition_dir(self, stream: str, partition: int) -> Path:
-        return self.data_dir / "streams" / stream / str(partition)
+    def _partition_dir(self, stream: Stream, partition: int) -> Path:
+        """Keyed by the stream's incarnation (its creation time), so that a stream deleted and
+        created again while this node was down never sees the old one's files."""
+        return self.data_dir / "streams" / f"{directory_name(stream.name)}@{stream.created}" / str(partition)
 
     async def _close_partition(self, key: tuple[str, int], delete: bool) -> None:
         local = self.partitions.pop(key)
@@ -398,8 +490,8 @@ class Node:
             self.capture_connection.unsubscribe(local.capture)
         local.replica.close()
         if delete:
-            shutil.rmtree(self._partition_dir(*key), ignore_errors=True)
-            stream_dir = self.data_dir / "streams" / key[0]
+            shutil.rmtree(local.replica.log.directory, ignore_errors=True)
+            stream_dir = local.replica.log.directory.parent
             if stream_dir.exists() and not any(stream_dir.iterdir()):
                 stream_dir.rmdir()
 
@@ -450,13 +542,12 @@ class Node:
     async def _report_leader(self, replica: PartitionReplica, leader: str, leader_epoch: int) -> None:
         log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
                     replica.stream, replica.partition, leader, leader_epoch)
-        next_offset = replica.log.next_offset
+        last_epoch, log_end_offset = replica.position()
         try:
             await self.metadata.call(
                 "report_leader", stream=replica.stream, partition=replica.partition, leader=leader,
                 leader_epoch=leader_epoch, reporter=self.server_id,
-                last_epoch=replica.log.epochs.epoch_at(next_offset - 1) if next_offset else -1,
-                log_end_offset=next_offset,
+                last_epoch=last_epoch, log_end_offset=log_end_offset,
             )
         except (MetadataError, NoMetadataLeader) as exc:
             log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)
@@ -466,11 +557,8 @@ class Node:
 
     def _maintain_isrs(self) -> None:
         for local in self.partitions.values():
-            shrink, expand = local.replica.isr_proposals()
-            wanted = {(r, False) for r in shrink} | {(r, True) for r in expand}
-            for replica_id, add in wanted - local.isr_requests:
-                local.isr_requests.add((replica_id, add))
-                self._spawn(self._change_isr(local, replica_id, add))
+            for request in local.replica.isr_requests():
+                self._spawn(self._change_isr(local.replica, request))
 
     def _auto_pause(self) -> None:
         """Pause led partitions that received nothing for their auto-pause time (Liftbridge's
@@ -504,21 +592,24 @@ class Node:
         finally:
             local.pause_requested = False
 
-    async def _change_isr(self, local: LocalPartition, replica_id: str, add: bool) -> None:
-        replica = local.replica
+    async def _change_isr(self, replica: PartitionReplica, request: IsrRequest) -> None:
+        add, replica_id = request.add, request.replica_id
         log.info("%s/%s: %s %s %s the ISR", replica.stream, replica.partition,
                  "adding" if add else "removing", replica_id, "to" if add else "from")
+        outcome = IsrOutcome.UNKNOWN
         try:
             await self.metadata.call(
                 "change_isr", name=replica.stream, partition=replica.partition, replica=replica_id,
-                add=add, leader=self.server_id, leader_epoch=replica.leader_epoch,
+                add=add, leader=self.server_id, leader_epoch=request.leader_epoch, epoch=request.partition_epoch,
             )
-        except (MetadataError, NoMetadataLeader) as exc:
+            outcome = IsrOutcome.ACCEPTED
+        except MetadataError as exc:
             log.warning("ISR change of %s/%s refused: %s", replica.stream, replica.partition, exc)
-            if add and replica.tracker is not None:
-                replica.tracker.expand_refused(replica_id)  # stop holding the HW back for it
+            outcome = IsrOutcome.REFUSED
+        except NoMetadataLeader as exc:
+            log.warning("ISR change of %s/%s: outcome unknown: %s", replica.stream, replica.partition, exc)
         finally:
-            local.isr_requests.discard((replica_id, add))
+            replica.isr_request_done(request, outcome)
 
     # ---- admin -------------------------------------------------------------------------------
 
@@ -537,10 +628,10 @@ class Node:
             view = {**self.raft.quorum(), "answered_by": self.server_id}
             await self.nats.publish(msg.reply, msgpack.packb(view, use_bin_type=True))
 
-    def replica_report(self) -> dict[str, tuple[int, int]]:
-        """"stream/partition" -> (log end offset, HW) of every replica on this node."""
+    def replica_report(self) -> dict[str, tuple[int, int, int]]:
+        """"stream/partition" -> (log end offset, HW, epoch of the last entry) of every replica on this node."""
         return {
-            f"{stream}/{pid}": (local.replica.log.next_offset, local.replica.high_watermark)
+            f"{stream}/{pid}": (local.replica.log.next_offset, local.replica.high_watermark, local.replica.position()[0])
             for (stream, pid), local in self.partitions.items()
             if local.started and not local.replica.closed
         }
@@ -550,10 +641,14 @@ class Node:
             report = {"id": self.server_id, "replicas": self.replica_report()}
             await self.nats.publish(msg.reply, msgpack.packb(report, use_bin_type=True))
 
-    async def gather_replica_reports(self, timeout: float) -> dict[str, dict[str, tuple[int, int]]]:
-        """Every reachable broker's replica report, by broker id (scatter-gather over NATS)."""
-        expected = set(self.read(lambda s: list(s.brokers)))
-        reports: dict[str, dict[str, tuple[int, int]]] = {}
+    async def gather_replica_reports(
+        self, timeout: float, expected: set[str] | None = None,
+    ) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """Every reachable broker's replica report, by broker id (scatter-gather over NATS);
+        answers are awaited from ``expected`` (default: every registered broker) at most."""
+        if expected is None:
+            expected = set(self.read(lambda s: list(s.brokers)))
+        reports: dict[str, dict[str, tuple[int, int, int]]] = {}
         everyone_answered = asyncio.Event()
 
         async def on_reply(msg: Msg) -> None:
@@ -697,6 +792,20 @@ class Node:
     def max_message_bytes(self) -> int:
         """The largest message accepted: what NATS carries, since publishes may travel through it."""
         return self.nats.max_payload
+
+    async def until_leading(self, stream: str, partition: int) -> LocalPartition | None:
+        """The partition once this node leads it, when the metadata names it leader but it does
+        not lead yet (just started, or handing back an epoch of an earlier run); None once the
+        metadata names another leader. The replica as it is after a leader timeout."""
+        deadline = time.monotonic() + self.config.clustering.replica_max_leader_timeout
+        while True:
+            local = self.partitions.get((stream, partition))
+            leader = self.read(lambda s: getattr(s.partition(stream, partition), "leader", None))
+            if leader != self.server_id:
+                return None
+            if (local is not None and local.replica.is_leader) or time.monotonic() > deadline:
+                return local
+            await asyncio.sleep(LEADERSHIP_POLL)
 
     def local_partition(self, stream: str, partition: int) -> LocalPartition | None:
         return self.partitions.get((stream, partition))

@@ -183,6 +183,10 @@ class FollowerLoop:
         for action in actions:
             if isinstance(action, machine.Append):
                 replica.append_replicated(bytes(response.entries[:length]), walked)
+                if replica.sync_policy.always:
+                    # The next fetch names this log end, and the leader counts it towards the HW:
+                    # under "always" an ALL ack means on disk on every ISR member.
+                    await asyncio.get_running_loop().run_in_executor(None, replica.log.begin_sync())
         return [a for a in actions if not isinstance(a, machine.Append)]
 
 

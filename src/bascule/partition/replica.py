@@ -17,8 +17,8 @@ from functools import partial
 from typing import Callable, Iterable
 
 from bascule.partition.log import CommitLog
-from bascule.partition.replication.election import start_leader_epoch
-from bascule.partition.replication.isr import IsrTracker, PendingAcks
+from bascule.partition.replication.isr import IsrTracker
+from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
 from bascule.wire.entry import Entry, Record, WalkedEntry
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class PartitionReplica:
         self.leader_epoch = -1
         self.leader = ""
         self.fenced_epoch = -1  # a newer leader epoch seen in a follower's request
-        self.tracker: IsrTracker | None = None  # set while this replica leads
+        self.leadership: Leadership | None = None  # set while this replica leads
         self.paused = False
         self.readonly = False
         self.last_activity = clock()  # last append or leadership change, for auto-pause
@@ -83,7 +83,6 @@ class PartitionReplica:
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
         self._sync_due = False  # records written since the last fsync began (with outcomes or not)
         self._syncing = False
-        self._acks = PendingAcks()
         self._data_changed = asyncio.Event()
         self._closed = False
         # Looked up once: asyncio.get_running_loop() costs about half a microsecond, per message here.
@@ -91,7 +90,7 @@ class PartitionReplica:
 
     @property
     def is_leader(self) -> bool:
-        return self.tracker is not None
+        return self.leadership is not None
 
     @property
     def high_watermark(self) -> int:
@@ -103,35 +102,38 @@ class PartitionReplica:
 
     # ---- roles -------------------------------------------------------------------------------
 
+    @property
+    def tracker(self) -> IsrTracker | None:
+        return None if self.leadership is None else self.leadership.tracker
+
     def become_leader(
-        self, leader_id: str, leader_epoch: int, replicas: Iterable[str], isr: Iterable[str],
-        min_isr: int, max_lag_time: float,
+        self, leader_id: str, leader_epoch: int, partition_epoch: int, replicas: Iterable[str],
+        isr: Iterable[str], min_isr: int, max_lag_time: float,
     ) -> None:
-        """Lead ``leader_epoch``; the same epoch again only refreshes the ISR and min ISR."""
+        """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR and min ISR."""
         if leader_epoch <= self.fenced_epoch:
             return  # this node's metadata is behind: a follower already follows a newer leader
         now = self.clock()
-        if self.tracker is not None and self.leader_epoch == leader_epoch:
-            self.tracker.min_isr = min_isr
-            self.tracker.set_isr(isr, now)
+        if self.leadership is not None and self.leader_epoch == leader_epoch:
+            self.leadership.metadata_changed(isr, partition_epoch, min_isr, now)
             self._publish_high_watermark()
             return
-        start_leader_epoch(self.log.epochs, leader_epoch, self.log.next_offset)
+        if self.leadership is not None:
+            self.become_follower("", self.leader_epoch)
         self.last_activity = now
         self.leader, self.leader_epoch = leader_id, leader_epoch
-        self.tracker = IsrTracker(
-            leader_id, leader_epoch, replicas, isr,
-            leader_log_end=self.log.next_offset, hw=self.log.high_watermark,
+        self.leadership = Leadership(
+            leader_id, leader_epoch, partition_epoch, replicas, isr, history=self.log.epochs,
+            log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
             min_isr=min_isr, max_lag_time=max_lag_time, now=now,
         )
         self._publish_high_watermark()
         self._wake_readers()
 
     def fence(self, requested_epoch: int) -> None:
-        """A follower asked with ``requested_epoch``: if that is newer than the epoch this replica
-        leads, another leader was elected (this one was paused or cut off): stop writing now,
+        """A follower asked with ``requested_epoch``: stop writing now if the leadership says so,
         before this node's metadata catches up, so no write is acknowledged in a dead epoch."""
-        if requested_epoch <= self.leader_epoch or self.tracker is None:
+        if self.leadership is None or not self.leadership.fenced_by(requested_epoch):
             return
         log.warning("%s/%s: a follower follows leader epoch %d, this leader has %d: stepping down",
                     self.stream, self.partition, requested_epoch, self.leader_epoch)
@@ -139,9 +141,9 @@ class PartitionReplica:
         self.become_follower("", self.leader_epoch)
 
     def become_follower(self, leader_id: str, leader_epoch: int) -> None:
-        if self.tracker is not None:
+        if self.leadership is not None:
             self._fail_pending(NotLeader(f"{self.stream}/{self.partition} lost leadership"))
-        self.tracker = None
+        self.leadership = None
         self.leader, self.leader_epoch = leader_id, leader_epoch
         self._wake_readers()
 
@@ -175,7 +177,8 @@ class PartitionReplica:
         self._flush_scheduled = False
         records, self._pending = self._pending, []
         outcomes, self._pending_outcomes = self._pending_outcomes, []
-        if not records or self.tracker is None:
+        leadership = self.leadership
+        if not records or leadership is None:
             return
         try:
             first, _ = self.log.append(records, self.leader_epoch)
@@ -191,19 +194,21 @@ class PartitionReplica:
             self._sync_due = True
             self._start_sync()
         else:
-            self._written(written, self.log.next_offset)
+            self._written(leadership, written, self.log.next_offset)
 
-    def _written(self, written: list[tuple[int, Outcome]], durable_end: int) -> None:
-        """Records are in the log (on disk, under ``always``) up to ``durable_end``: tell their
-        writers, let followers fetch them, and commit what the ISR already has."""
-        if self.tracker is None:  # leadership ended while the batch was being synced
+    def _written(self, leadership: Leadership, written: list[tuple[int, Outcome]], durable_end: int) -> None:
+        """Records written in ``leadership`` are in the log (on disk, under ``always``) up to
+        ``durable_end``: tell their writers, let followers fetch them, and commit what the ISR
+        already has. If that leadership ended meanwhile (even if a new one began), nothing is
+        acknowledged: the new leadership's followers may truncate these records."""
+        if self.leadership is not leadership:
             error = NotLeader(f"{self.stream}/{self.partition} lost leadership before the write was durable")
             for _, on_written in written:
                 on_written(None, error)
             return
         for offset, on_written in written:
             on_written(offset, None)
-        waiting = self.tracker.leader_appended(durable_end)
+        waiting = leadership.tracker.leader_appended(durable_end)
         if waiting:
             self._notify_followers(self, waiting)
         self._publish_high_watermark()
@@ -217,18 +222,21 @@ class PartitionReplica:
         batch, self._awaiting_sync = self._awaiting_sync, []
         durable_end = self.log.next_offset
         job = self._loop.run_in_executor(None, self.log.begin_sync())
-        job.add_done_callback(partial(self._synced, batch, durable_end))
+        job.add_done_callback(partial(self._synced, self.leadership, batch, durable_end))
 
-    def _synced(self, batch: list[tuple[int, Outcome]], durable_end: int, job: asyncio.Future) -> None:
+    def _synced(
+        self, leadership: Leadership | None, batch: list[tuple[int, Outcome]], durable_end: int,
+        job: asyncio.Future,
+    ) -> None:
         self._syncing = False
         error = job.exception()
-        if error is not None or self._closed:
+        if error is not None or self._closed or leadership is None:
             error = error or PartitionClosed(f"{self.stream}/{self.partition} closed")
             log.error("fsync of %s/%s failed: %s", self.stream, self.partition, error)
             for _, on_written in batch:
                 on_written(None, error)
         else:
-            self._written(batch, durable_end)
+            self._written(leadership, batch, durable_end)
         self._start_sync()
 
     def serve_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int) -> bytes:
@@ -254,12 +262,20 @@ class PartitionReplica:
         """Seconds since the last append (or since leadership began)."""
         return self.clock() - self.last_activity
 
-    def isr_proposals(self) -> tuple[list[str], list[str]]:
-        """(replicas to drop from the ISR, replicas to add) as this leader sees them now."""
-        if self.tracker is None:
-            return [], []
-        now = self.clock()
-        return self.tracker.shrink_proposals(now), self.tracker.expand_proposals(now)
+    def isr_requests(self) -> list[IsrRequest]:
+        """The ISR changes this leader asks for now (see ``Leadership.isr_requests``)."""
+        return [] if self.leadership is None else self.leadership.isr_requests(self.clock())
+
+    def isr_request_done(self, request: IsrRequest, outcome: IsrOutcome) -> None:
+        leadership = self.leadership
+        if leadership is not None and leadership.leader_epoch == request.leader_epoch:
+            leadership.isr_request_done(request, outcome)
+            self._publish_high_watermark()
+
+    def position(self) -> tuple[int, int]:
+        """(epoch of the last entry or -1, log end offset): what elections compare."""
+        end = self.log.next_offset
+        return (self.log.epochs.epoch_at(end - 1) if end else -1), end
 
     def _publish_high_watermark(self) -> None:
         hw = self.tracker.hw
@@ -277,11 +293,13 @@ class PartitionReplica:
         leadership is lost first."""
         if offset <= self.log.high_watermark:
             on_committed(offset, None)
+        elif self.leadership is None:
+            on_committed(None, NotLeader(f"not the leader of {self.stream}/{self.partition}"))
         else:
-            self._acks.add(offset, on_committed)
+            self.leadership.acks.add(offset, on_committed)
 
     def _committed(self, hw: int) -> None:
-        for offset, on_committed in self._acks.release(hw):
+        for offset, on_committed in self.leadership.acks.release(hw):
             on_committed(offset, None)
         self._wake_readers()
 
@@ -331,8 +349,9 @@ class PartitionReplica:
         self.log.sync()
 
     def _fail_pending(self, error: Exception) -> None:
-        for _, on_committed in self._acks.fail_all():
-            on_committed(None, error)
+        if self.leadership is not None:
+            for _, on_committed in self.leadership.acks.fail_all():
+                on_committed(None, error)
         for _, on_written in self._pending_outcomes + self._awaiting_sync:
             on_written(None, error)
         self._pending, self._pending_outcomes, self._awaiting_sync = [], [], []
@@ -342,7 +361,7 @@ class PartitionReplica:
             return
         self._closed = True
         self._fail_pending(PartitionClosed(f"{self.stream}/{self.partition} closed"))
-        self.tracker = None
+        self.leadership = None
         self._wake_readers()
         self.log.checkpoint_high_watermark()
         self.log.close()

@@ -50,6 +50,14 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 
+# op -> {field: accepted types} of fields that may be absent (journals written before they existed).
+OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
+    "register_broker": {"incarnation": _STR},
+    "change_leader": {"epoch": _INT},
+    "change_isr": {"epoch": _INT},
+}
+
+
 class CommandError(ValueError):
     """A command that does not match its schema."""
 
@@ -76,10 +84,11 @@ def validate(command: Any) -> None:
     schema = SCHEMAS.get(op) if isinstance(op, str) else None
     if schema is None:
         raise CommandError(f"unknown command op {op!r}")
-    for field, types in schema.items():
+    optional = OPTIONAL.get(op, {})
+    for field, types in [*schema.items(), *((f, t) for f, t in optional.items() if f in command)]:
         value = command.get(field)
         if not isinstance(value, types) or (types is _INT and isinstance(value, bool)):
             raise CommandError(f"{op}.{field}: expected {types[0].__name__}, got {value!r}")
-    extra = set(command) - set(schema) - {"op"}
+    extra = set(command) - set(schema) - set(optional) - {"op"}
     if extra:
         raise CommandError(f"{op}: unexpected fields {sorted(extra)}")

@@ -25,7 +25,7 @@ Modules and their API
       max(current, min(leader HW, own last offset)).
     - ``clamp_high_watermark(hw, log_end_offset) -> int``: after a truncation.
 
-``isr`` (leader side, one object per leadership)
+``isr`` (leader side, inside ``Leadership``)
     - ``IsrTracker(leader_id, leader_epoch, replicas, isr, *, leader_log_end, hw, min_isr,
       max_lag_time, now, epoch_start=None)``; attributes ``hw``, ``isr``, ``can_commit``. The HW
       may already move at construction (a leader that is the whole ISR): read ``hw`` then.
@@ -36,10 +36,11 @@ Modules and their API
     - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
     - ``.shrink_proposals(now) -> list[str]``: lagging > max_lag_time, or lacking committed
       messages (log end <= HW); repeated until committed (the shell rate-limits).
-    - ``.expand_proposals(now) -> list[str]``: each replica once; it is then *pending* and
-      counts for the HW (Kafka's maximal ISR) until ``.set_isr`` includes it or
-      ``.expand_refused(replica_id)`` (or ``max_lag_time`` passes); ``.pending_expansions``.
-    - ``.set_isr(isr, now)``: the ISR the metadata committed.
+    - ``.expand_proposals(now, partition_epoch) -> list[str]``: each replica once; it is then
+      *pending* and counts for the HW (Kafka's maximal ISR) until ``.set_isr`` includes it (or,
+      at a newer partition epoch, does not) or ``.expand_refused(replica_id)``;
+      ``.pending_expansions``.
+    - ``.set_isr(isr, now, partition_epoch=None)``: the ISR the metadata committed.
     - ``PendingAcks``: ``add(offset, token)``, ``release(hw) -> [(offset, token)]``,
       ``fail_all() -> [(offset, token)]`` (on losing leadership), ``len()``.
 
@@ -57,19 +58,17 @@ Modules and their API
       ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``ReportLeader(leader_id, leader_epoch)``.
       The shell applies Truncate/Append/SetHighWatermark to the real log in order.
 
-``election`` (metadata leader side, plus the new leader's first step)
-    - ``Candidate(replica_id, last_epoch, log_end_offset, leader_count=0)``;
-      ``candidate_from(replica_id, history, log_end_offset, leader_count=0)``.
-    - ``choose_leader(candidates, isr, exclude=()) -> str | None``: greatest (last epoch, LEO)
-      among live ISR members, ties: fewest leaderships, then id; None = no unclean election.
-    - ``isr_after_leader_change(isr, old_leader, new_leader) -> frozenset``.
+``leader`` (one object per leadership)
     - ``start_leader_epoch(history, epoch, log_end_offset)``: before the first append.
-    - ``witness_quorum(isr, leader) -> int``; ``LeaderFailureReports(report_ttl=None)`` with
-      ``.report(partition, reported_leader, leader_epoch, reporter, *, leader, epoch, isr,
-      now=0.0) -> ReportVerdict`` (STALE, NOT_A_WITNESS, RECORDED, LEADER_FAILED),
-      ``.witnesses(partition)``, ``.clear(partition)``.
-    - ``validate_isr_change(kind, replica_id, request_leader, request_epoch, *, leader, epoch,
-      replicas, isr) -> IsrDecision(accepted, reason, isr)``; ``IsrChangeKind.SHRINK/EXPAND``.
+    - ``Leadership(leader_id, leader_epoch, partition_epoch, replicas, isr, *, history,
+      log_end_offset, hw, min_isr, max_lag_time, now)``: starts the epoch, holds the
+      ``tracker`` (IsrTracker) and the ``acks`` (PendingAcks); ``.fenced_by(epoch)``,
+      ``.metadata_changed(isr, partition_epoch, min_isr, now)``, ``.isr_requests(now) ->
+      [IsrRequest(replica_id, add, leader_epoch, partition_epoch)]``,
+      ``.isr_request_done(request, IsrOutcome.ACCEPTED/REFUSED/UNKNOWN)``.
+
+Elections (leader choice, witness reports, the returning-leader rule, ISR change validation)
+are the metadata leader's: ``bascule.metadata.election``.
 
 Protocol decisions taken here (see each module for the reasoning)
 -----------------------------------------------------------------
@@ -85,11 +84,12 @@ Protocol decisions taken here (see each module for the reasoning)
 - The leader's HW waits for every ISR member to fetch once in a new leadership.
 - ISR expansion needs a caught-up fetch that already holds every committed message and
   everything before the leader's epoch; while the request is in flight the replica counts for
-  the HW, so the HW never passes the log end of a member the metadata is about to add. The
-  metadata's answer must arrive within ``max_lag_time`` (after that the expansion counts as
-  refused); an ISR member found lacking committed messages is proposed for removal at once.
+  the HW, so the HW never passes the log end of a member the metadata is about to add. ISR
+  changes are conditional on the leader epoch and the partition epoch; an expansion whose
+  outcome is unknown keeps counting and is asked again until the metadata's ISR settles it; an
+  ISR member found lacking committed messages is proposed for removal at once.
 - Replies are judged on content: a valid replication reply is taken even while IDLE (a zombie
   may answer the shared subject first); invalid ones are dropped and are no leader contact.
-- A failed leader leaves the ISR when another is elected; when none can be, the ISR stays (the
-  old leader may come back and be elected). A returning leader is always given a new epoch.
+- A write is acknowledged only in the leadership it was written in: a group-commit fsync that
+  completes after that leadership ended acks nothing, even if a new one began.
 """

@@ -68,26 +68,31 @@ class IsrTracker:
             rid: FollowerProgress(rid) for rid in self.replicas if rid != leader_id
         }
         self.isr: frozenset[str] = frozenset()
-        self._expanding: dict[str, float] = {}  # expansions proposed, not settled: when
+        # Expansions proposed and not settled, with the partition epoch they were proposed at.
+        self._expanding: dict[str, int] = {}
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def set_isr(self, isr: Iterable[str], now: float) -> None:
-        """Adopt the ISR the metadata committed (the leader is always part of it); settles the
-        pending expansions of the members it contains."""
+    def set_isr(self, isr: Iterable[str], now: float, partition_epoch: int | None = None) -> None:
+        """Adopt the ISR the metadata committed (the leader is always part of it) at
+        ``partition_epoch``. Settles pending expansions: accepted when the ISR contains them,
+        refused when it does not at a newer partition epoch than they were proposed at (ISR
+        changes are conditional on the partition epoch, so such a proposal can never commit)."""
         new_isr = frozenset(isr) | {self.leader_id}
         for rid in new_isr - self.isr:
             progress = self._followers.get(rid)
             if progress is not None and progress.last_caught_up_time is None:
                 progress.last_caught_up_time = now  # a grace period for a member we never saw
         self.isr = new_isr
-        for rid in new_isr:
-            self._expanding.pop(rid, None)
+        for rid, proposed_at in list(self._expanding.items()):
+            if rid in new_isr or (partition_epoch is not None and partition_epoch > proposed_at):
+                del self._expanding[rid]
         self._recompute_hw()
 
     def expand_refused(self, replica_id: str) -> None:
-        """The metadata refused (or never answered) the expansion of ``replica_id``."""
+        """The metadata refused the expansion of ``replica_id`` (an unknown outcome is not a
+        refusal: the expansion stays pending until :meth:`set_isr` settles it)."""
         self._expanding.pop(replica_id, None)
         self._recompute_hw()
 
@@ -119,7 +124,6 @@ class IsrTracker:
         progress = self._followers.get(replica_id)
         if progress is None or leader_epoch != self.leader_epoch:
             return False
-        self._expire_expansions(now)
         if log_end_offset < 0 or log_end_offset > self.leader_log_end:
             return False
         previous_leader_end = progress.leader_log_end_at_last_fetch
@@ -169,7 +173,6 @@ class IsrTracker:
         log ends at or below the HW: they lack committed messages (they lost data in a crash,
         or an expansion was committed after it stopped being pending). Sorted; repeated on every
         call until the metadata commits a new ISR, so the shell rate-limits its requests."""
-        self._expire_expansions(now)
         lagging = []
         for rid in self.isr - {self.leader_id}:
             progress = self._followers.get(rid)
@@ -180,7 +183,7 @@ class IsrTracker:
                 lagging.append(rid)
         return sorted(lagging)
 
-    def expand_proposals(self, now: float) -> list[str]:
+    def expand_proposals(self, now: float, partition_epoch: int = 0) -> list[str]:
         """Replicas to add to the ISR: outside it, their last fetch (no older than
         ``max_lag_time``) was caught up and already holds every committed message and everything
         before this leader's epoch.
@@ -189,11 +192,9 @@ class IsrTracker:
         it were in the ISR (Kafka's "maximal ISR") until :meth:`set_isr` includes it or
         :meth:`expand_refused` drops it. Otherwise the HW could pass its log end while the
         request is in flight, and the metadata would then add a member lacking committed
-        messages. Pending members do not count towards ``min_isr``. A pending expansion not
-        settled within ``max_lag_time`` is dropped as refused (so a lost answer cannot hold the
-        HW back for ever).
+        messages. Pending members do not count towards ``min_isr``. ``partition_epoch`` is the
+        one the proposal is conditional on.
         """
-        self._expire_expansions(now)
         ready = []
         for rid in (self.replicas - self.isr).difference(self._expanding):
             p = self._followers[rid]
@@ -207,7 +208,7 @@ class IsrTracker:
             ):
                 ready.append(rid)
         for rid in ready:
-            self._expanding[rid] = now
+            self._expanding[rid] = partition_epoch
         return sorted(ready)
 
     @property
@@ -215,13 +216,6 @@ class IsrTracker:
         return frozenset(self._expanding)
 
     # -- internals --------------------------------------------------------------------------
-
-    def _expire_expansions(self, now: float) -> None:
-        expired = [r for r, at in self._expanding.items() if now - at > self.max_lag_time]
-        for rid in expired:
-            del self._expanding[rid]
-        if expired:
-            self._recompute_hw()
 
     def _recompute_hw(self) -> None:
         if not self.can_commit:

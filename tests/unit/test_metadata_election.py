@@ -2,19 +2,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bascule.partition.log.epochs import EpochHistory
-from bascule.partition.replication.election import (
+from bascule.metadata.election import (
     Candidate,
+    Elect,
+    Elections,
     IsrChangeKind,
     LeaderFailureReports,
+    PartitionView,
+    Position,
     ReportVerdict,
-    candidate_from,
     choose_leader,
     isr_after_leader_change,
-    start_leader_epoch,
     validate_isr_change,
     witness_quorum,
 )
+from bascule.partition.log.epochs import EpochHistory
+from bascule.partition.replication.leader import start_leader_epoch
 
 # -- leader choice ---------------------------------------------------------------------------
 
@@ -41,13 +44,6 @@ def test_only_isr_members_not_excluded_may_lead():
     assert choose_leader(c, {"a", "b"}, exclude={"a"}) == "b"
     assert choose_leader(c, {"a"}, exclude={"a"}) is None  # no unclean election
     assert choose_leader([], {"a"}) is None
-
-
-def test_candidate_uses_the_epoch_of_its_last_entry():
-    history = EpochHistory([(1, 0), (3, 4), (5, 6)])  # epoch 5 recorded as leader, never written
-    assert candidate_from("x", history, 6, 2) == Candidate("x", 3, 6, 2)
-    assert candidate_from("x", history, 7) == Candidate("x", 5, 7, 0)
-    assert candidate_from("x", EpochHistory(), 0) == Candidate("x", -1, 0, 0)
 
 
 @given(
@@ -108,7 +104,9 @@ def test_majority_of_followers_must_witness():
     assert report(reports, "a") is ReportVerdict.RECORDED  # the same witness twice
     assert reports.witnesses("p") == {"a"}
     assert report(reports, "b") is ReportVerdict.LEADER_FAILED
-    assert reports.witnesses("p") == frozenset()  # cleared
+    assert reports.witnesses("p") == {"a", "b"}  # kept until an election is committed
+    reports.elected("p", 4, now=0.0)
+    assert reports.witnesses("p") == frozenset()
 
 
 def test_stale_reports_are_ignored():
@@ -186,15 +184,72 @@ def test_refused_isr_changes(kind, replica, args, reason):
     assert not d.accepted and d.reason == reason and d.isr == {"L", "a"}
 
 
+def test_isr_change_decided_at_an_older_partition_epoch_is_refused():
+    d = change(IsrChangeKind.EXPAND, "b", request_partition_epoch=4, partition_epoch=5)
+    assert not d.accepted and d.reason == "stale partition epoch"
+    assert change(IsrChangeKind.EXPAND, "b", request_partition_epoch=5, partition_epoch=5).accepted
+
+
 def test_isr_change_of_a_leaderless_partition_is_refused():
     assert change(IsrChangeKind.SHRINK, "a", leader=None).reason == "stale leader"
 
 
 def test_reports_against_a_just_elected_leader_wait_out_its_grace():
-    from bascule.partition.replication.election import LeaderFailureReports, ReportVerdict
-
     reports = LeaderFailureReports(election_grace=1.0)
     reports.elected("p", 3, now=10.0)
     early = reports.report("p", "b", 3, "c", leader="b", epoch=3, isr={"b", "c"}, now=10.5)
     late = reports.report("p", "b", 3, "c", leader="b", epoch=3, isr={"b", "c"}, now=11.5)
     assert (early, late) == (ReportVerdict.STALE, ReportVerdict.LEADER_FAILED)
+
+
+# -- elections -------------------------------------------------------------------------------
+
+VIEW = PartitionView(leader="L", leader_epoch=3, epoch=7, isr=frozenset({"L", "a", "b"}))
+
+
+def test_a_reported_leader_is_replaced_by_the_most_advanced_witness():
+    elections = Elections()
+    assert elections.leader_reported("p", VIEW, "L", 3, "a", Position(3, 10), now=0.0) is None
+    decision = elections.leader_reported("p", VIEW, "L", 3, "b", Position(3, 12), now=1.0)
+    assert decision == Elect("b", ("a", "b"), leader_epoch=3, epoch=7)
+
+
+def test_a_returning_leader_that_lost_its_tail_hands_over_to_the_isr_member_holding_more():
+    """A power cut took the leader's unsynced tail: followers hold more. It must not resume its
+    epoch (followers would append its new entries after theirs); the best ISR member leads."""
+    elections = Elections(return_patience=5.0)
+    positions = {"L": Position(3, 90), "a": Position(3, 100), "b": Position(3, 95)}
+    decision = elections.leader_returned("p", VIEW, "L", 3, positions, now=0.0)
+    assert decision == Elect("a", ("a", "b"), leader_epoch=3, epoch=7)
+
+
+def test_a_returning_leader_holding_the_most_gets_a_new_epoch_and_keeps_the_isr():
+    elections = Elections(return_patience=5.0)
+    positions = {"L": Position(3, 100), "a": Position(3, 100), "b": Position(2, 100)}
+    decision = elections.leader_returned("p", VIEW, "L", 3, positions, now=0.0)
+    assert decision is not None and decision.leader in {"L", "a"}
+    alone = PartitionView("L", 3, 7, frozenset({"L"}))
+    assert elections.leader_returned("q", alone, "L", 3, {"L": Position(3, 5)}, now=0.0) == Elect("L", ("L",), 3, 7)
+
+
+def test_a_returning_leader_waits_for_silent_isr_members_then_elects_among_those_that_answered():
+    elections = Elections(return_patience=5.0)
+    positions = {"L": Position(3, 90), "a": Position(3, 80)}  # b, which may hold more, is silent
+    assert elections.leader_returned("p", VIEW, "L", 3, positions, now=0.0) is None
+    assert elections.leader_returned("p", VIEW, "L", 3, positions, now=4.0) is None
+    decision = elections.leader_returned("p", VIEW, "L", 3, positions, now=5.5)
+    assert decision == Elect("L", ("L", "a", "b"), 3, 7)
+
+
+def test_a_stale_return_elects_nobody():
+    elections = Elections()
+    positions = {"L": Position(3, 90), "a": Position(3, 100), "b": Position(3, 100)}
+    assert elections.leader_returned("p", VIEW, "L", 2, positions, now=0.0) is None
+    assert elections.leader_returned("p", VIEW, "a", 3, positions, now=0.0) is None
+
+
+def test_an_election_clears_the_reports_of_the_old_epoch():
+    elections = Elections()
+    elections.leader_reported("p", VIEW, "L", 3, "a", Position(3, 10), now=0.0)
+    elections.elected("p", 4, now=1.0)
+    assert elections.reports.witnesses("p") == frozenset()

@@ -1,0 +1,311 @@
+"""Leadership rules of the metadata leader: who may lead, when a leader counts as failed, what a
+returning leader gets, which ISR changes are valid.
+
+All pure: the metadata leader feeds them what it knows (the partition's metadata, replicas'
+positions, the time) and applies the outcome through Raft.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# -- (a) leader choice ----------------------------------------------------------------------
+
+
+class Position(NamedTuple):
+    """Where a replica's log stands: the epoch of its last entry (-1 when empty) and its log end
+    offset (next offset). Replicas are compared by this pair (Oxia's rule)."""
+
+    last_epoch: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A live replica that could lead: the epoch of its last entry (-1 when its log is empty),
+    its log end offset (next offset), and how many partitions it already leads (tie-break)."""
+
+    replica_id: str
+    last_epoch: int
+    log_end_offset: int
+    leader_count: int = 0
+
+
+def choose_leader(
+    candidates: Iterable[Candidate], isr: Collection[str], exclude: Collection[str] = ()
+) -> str | None:
+    """The ISR candidate with the greatest (last epoch, log end offset) pair (Oxia's rule: the
+    fewest uncommitted entries are thrown away); ties go to the fewest leaderships, then the
+    smallest id. ``candidates`` must be live replicas; ``exclude`` is typically the failed leader.
+    None when no ISR member is a candidate: there is no unclean election."""
+    eligible = [c for c in candidates if c.replica_id in isr and c.replica_id not in exclude]
+    if not eligible:
+        return None
+    best = min(
+        eligible,
+        key=lambda c: (-c.last_epoch, -c.log_end_offset, c.leader_count, c.replica_id),
+    )
+    return best.replica_id
+
+
+def isr_after_leader_change(isr: Collection[str], old_leader: str | None, new_leader: str) -> frozenset[str]:
+    """The ISR once ``new_leader`` replaces a failed ``old_leader``: the old one leaves it (it
+    rejoins as a follower through an expansion), the new one is in it."""
+    return (frozenset(isr) - {old_leader}) | {new_leader}
+
+
+# -- (b) leader failure reports (Liftbridge's witness rule) ----------------------------------
+
+
+class ReportVerdict(enum.Enum):
+    STALE = "stale"  # not about the current leader and leader epoch
+    NOT_A_WITNESS = "not a witness"  # the reporter is not an ISR follower
+    RECORDED = "recorded"  # counted, no quorum yet
+    LEADER_FAILED = "leader failed"  # quorum reached: elect a new leader now
+
+
+def witness_quorum(isr: Collection[str], leader: str) -> int:
+    """Distinct witnesses needed: a majority of the ISR without the leader (1 of 1, 2 of 2,
+    2 of 3...). 0 followers gives 1, which no report can reach: such a leader's failure must be
+    detected some other way (broker liveness)."""
+    followers = len(frozenset(isr) - {leader})
+    return followers // 2 + 1
+
+
+class LeaderFailureReports:
+    """The metadata leader's record of "leader looks dead" reports, per partition.
+
+    Reports count only when they name the current leader and leader epoch, come from an ISR
+    follower, and (with ``report_ttl``) are recent. Reports of an older leader epoch are dropped
+    when a newer one arrives; reaching the quorum clears the partition's reports.
+    """
+
+    def __init__(self, report_ttl: float | None = None, election_grace: float = 0.0) -> None:
+        self.report_ttl = report_ttl
+        # A leader just elected is not judged for this long: its followers may have reported it
+        # before it was ready to answer.
+        self.election_grace = election_grace
+        self._reports: dict[Hashable, tuple[str, int, dict[str, tuple[float, Position | None]]]] = {}
+        self._elected: dict[Hashable, tuple[int, float]] = {}
+
+    def elected(self, partition: Hashable, epoch: int, now: float) -> None:
+        """A new leader took over ``partition`` in ``epoch`` at ``now`` (starts its grace period)."""
+        self._reports.pop(partition, None)
+        self._elected[partition] = (epoch, now)
+
+    def report(
+        self,
+        partition: Hashable,
+        reported_leader: str,
+        leader_epoch: int,
+        reporter: str,
+        *,
+        leader: str | None,
+        epoch: int,
+        isr: Collection[str],
+        now: float = 0.0,
+        position: Position | None = None,
+    ) -> ReportVerdict:
+        """Count ``reporter``'s report; its ``position`` makes it a candidate for the succession."""
+        if leader is None or reported_leader != leader or leader_epoch != epoch:
+            return ReportVerdict.STALE
+        if reporter == leader or reporter not in isr:
+            return ReportVerdict.NOT_A_WITNESS
+        elected_epoch, elected_at = self._elected.get(partition, (-1, 0.0))
+        if elected_epoch == epoch and now - elected_at < self.election_grace:
+            return ReportVerdict.STALE
+        current = self._reports.get(partition)
+        if current is None or current[0] != leader or current[1] != epoch:
+            current = (leader, epoch, {})
+            self._reports[partition] = current
+        witnesses = current[2]
+        witnesses[reporter] = (now, position)
+        if self.report_ttl is not None:
+            for rid in [r for r, (at, _) in witnesses.items() if now - at > self.report_ttl]:
+                del witnesses[rid]
+        valid = sum(1 for rid in witnesses if rid in isr and rid != leader)
+        if valid >= witness_quorum(isr, leader):
+            return ReportVerdict.LEADER_FAILED
+        return ReportVerdict.RECORDED
+
+    def positions(self, partition: Hashable) -> dict[str, Position]:
+        """The positions the current witnesses of ``partition`` reported."""
+        current = self._reports.get(partition)
+        if current is None:
+            return {}
+        return {rid: position for rid, (_, position) in current[2].items() if position is not None}
+
+    def witnesses(self, partition: Hashable) -> frozenset[str]:
+        current = self._reports.get(partition)
+        return frozenset() if current is None else frozenset(current[2])
+
+    def clear(self, partition: Hashable) -> None:
+        """Forget a partition's reports (its leader changed, or it was deleted)."""
+        self._reports.pop(partition, None)
+        self._elected.pop(partition, None)
+
+
+# -- (c) elections: a failed leader, a returning leader ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """What the metadata says of one partition, as the election rules need it."""
+
+    leader: str | None
+    leader_epoch: int
+    epoch: int  # the partition epoch: every change is conditional on it
+    isr: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Elect:
+    """Make ``leader`` the leader with ``isr``, in place of leader epoch ``leader_epoch`` at
+    partition epoch ``epoch`` (a proposal that is refused if either moved meanwhile)."""
+
+    leader: str
+    isr: tuple[str, ...]
+    leader_epoch: int
+    epoch: int
+
+
+class Role(enum.Enum):
+    LEAD = "lead"
+    FOLLOW = "follow"
+    HAND_BACK = "hand back"  # named leader of an epoch an earlier run of this node was given
+
+
+def replica_role(leader: str | None, leader_incarnation: str, replica_id: str, incarnation: str) -> Role:
+    """What a replica does with a partition's metadata. A leader epoch belongs to the process
+    incarnation it was given to: a restarted leader never resumes it (its log may have lost the
+    unsynced tail since); it hands it back and asks for an election (:meth:`Elections.leader_returned`)."""
+    if leader != replica_id:
+        return Role.FOLLOW
+    return Role.LEAD if leader_incarnation == incarnation else Role.HAND_BACK
+
+
+def _elect(view: PartitionView, new_leader: str, replaced: str | None) -> Elect:
+    isr = view.isr if new_leader == replaced else isr_after_leader_change(view.isr, replaced, new_leader)
+    return Elect(new_leader, tuple(sorted(isr)), view.leader_epoch, view.epoch)
+
+
+class Elections:
+    """The metadata leader's election decisions, across partitions.
+
+    - A leader reported silent by a quorum of its ISR followers (Liftbridge's witness rule) is
+      replaced by the witness with the greatest position; it leaves the ISR.
+    - A leader that comes back from a restart (crash, power cut or graceful) never resumes its
+      old leader epoch: it may have lost the unsynced tail of its log, and followers holding
+      more would otherwise keep entries it no longer has and then append its new ones after them
+      (KIP-101). Leadership goes to the ISR member with the greatest position, which may be the
+      returning one itself (then with a new epoch); the others truncate through epoch queries.
+      Positions of every ISR member are awaited for up to ``return_patience`` seconds (a member
+      that is still starting may hold more than the returning one), then the choice is made
+      among those that answered.
+    """
+
+    def __init__(self, report_ttl: float | None = None, election_grace: float = 0.0, return_patience: float = 0.0):
+        self.reports = LeaderFailureReports(report_ttl, election_grace)
+        self.return_patience = return_patience
+        self._returning_since: dict[Hashable, tuple[int, float]] = {}
+
+    def leader_reported(
+        self, partition: Hashable, view: PartitionView, reported_leader: str, reported_epoch: int,
+        reporter: str, position: Position, now: float,
+    ) -> Elect | None:
+        verdict = self.reports.report(
+            partition, reported_leader, reported_epoch, reporter,
+            leader=view.leader, epoch=view.leader_epoch, isr=view.isr, now=now, position=position,
+        )
+        if verdict is not ReportVerdict.LEADER_FAILED or view.leader is None:
+            return None
+        candidates = [Candidate(rid, *pos) for rid, pos in self.reports.positions(partition).items()]
+        new_leader = choose_leader(candidates, view.isr, exclude={view.leader})
+        return None if new_leader is None else _elect(view, new_leader, view.leader)
+
+    def leader_returned(
+        self, partition: Hashable, view: PartitionView, leader: str, leader_epoch: int,
+        positions: Mapping[str, Position], now: float,
+    ) -> Elect | None:
+        """``leader`` restarted while the metadata names it leader of ``leader_epoch``;
+        ``positions`` holds its own and those of the ISR members that answered. None: stale, or
+        wait (ask again later)."""
+        if view.leader != leader or view.leader_epoch != leader_epoch:
+            return None
+        epoch, since = self._returning_since.get(partition, (leader_epoch, now))
+        if epoch != leader_epoch:
+            since = now
+        self._returning_since[partition] = (leader_epoch, since)
+        missing = view.isr - set(positions) - {leader}
+        if missing and now - since < self.return_patience:
+            return None
+        candidates = [Candidate(rid, *pos) for rid, pos in positions.items() if rid in view.isr]
+        new_leader = choose_leader(candidates, view.isr)
+        return None if new_leader is None else _elect(view, new_leader, leader)
+
+    def elected(self, partition: Hashable, leader_epoch: int, now: float) -> None:
+        """An election of ``partition`` was committed: ``leader_epoch`` is the new one."""
+        self.reports.elected(partition, leader_epoch, now)
+        self._returning_since.pop(partition, None)
+
+    def forget(self, partition: Hashable) -> None:
+        self.reports.clear(partition)
+        self._returning_since.pop(partition, None)
+
+
+# -- (d) ISR change validation -----------------------------------------------------------
+
+
+class IsrChangeKind(enum.Enum):
+    SHRINK = "shrink"
+    EXPAND = "expand"
+
+
+@dataclass(frozen=True, slots=True)
+class IsrDecision:
+    accepted: bool
+    reason: str
+    isr: frozenset[str]  # the ISR after the change (unchanged when refused)
+
+
+def validate_isr_change(
+    kind: IsrChangeKind,
+    replica_id: str,
+    request_leader: str,
+    request_epoch: int,
+    *,
+    leader: str | None,
+    epoch: int,
+    replicas: Collection[str],
+    isr: Collection[str],
+    request_partition_epoch: int | None = None,
+    partition_epoch: int | None = None,
+) -> IsrDecision:
+    """Check a shrink/expand request of a partition leader against the current metadata.
+
+    Refused when the requester is not the current leader or names another leader epoch (a zombie
+    leader), when it names another partition epoch (it was decided on an ISR that has changed
+    since: a stale proposer must not undo a shrink), when the replica is not one of the
+    partition's, when a shrink would remove the leader, and when it changes nothing.
+    """
+    current = frozenset(isr)
+    if leader is None or request_leader != leader:
+        return IsrDecision(False, "stale leader", current)
+    if request_epoch != epoch:
+        return IsrDecision(False, "stale leader epoch", current)
+    if request_partition_epoch is not None and request_partition_epoch != partition_epoch:
+        return IsrDecision(False, "stale partition epoch", current)
+    if replica_id not in replicas:
+        return IsrDecision(False, "not a replica", current)
+    if kind is IsrChangeKind.SHRINK:
+        if replica_id == leader:
+            return IsrDecision(False, "cannot remove the leader", current)
+        if replica_id not in current:
+            return IsrDecision(False, "not in the ISR", current)
+        return IsrDecision(True, "ok", current - {replica_id})
+    if replica_id in current:
+        return IsrDecision(False, "already in the ISR", current)
+    return IsrDecision(True, "ok", current | {replica_id})
