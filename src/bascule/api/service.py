@@ -164,6 +164,11 @@ class API(api_pb2_grpc.APIServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
         local = self.node.local_partition(stream, partition)
         leads = meta.leader == self.node.server_id
+        if leads and (local is None or not local.replica.is_leader):
+            # named leader but not leading yet (just started, or handing back an epoch of an
+            # earlier run): its high watermark is not the partition's until it leads
+            local = await self.node.until_leading(stream, partition) or self.node.local_partition(stream, partition)
+            leads = local is not None and local.replica.is_leader
         readable = leads or (allow_isr and self.node.server_id in meta.isr)
         if local is None or not readable:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
