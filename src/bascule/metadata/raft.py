@@ -18,6 +18,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
+from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
 
@@ -112,6 +113,7 @@ class MetadataRaft:
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._store = MetadataStore(self._applied)
+        install_durable_storage()  # before SyncObj opens its journal
         self._sync = SyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
