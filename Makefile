@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test containers proto clean
+.PHONY: venv run test containers fuse proto clean
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
-test: venv containers
+test: venv containers fuse
 	$(PY) -m pytest -q $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
 
 # podman as the Docker API, and bascule's images, for the `containers` tests: compose/podman-setup.sh
@@ -32,6 +32,13 @@ ifneq ($(CONTAINERS),0)
 		echo "make containers: no podman, and no root with apt-get to install it: the containers tests will skip"; \
 	fi
 endif
+
+# libfuse 3 for the power-cut disk (bascule.testing.powercut) that the power-cut and nemesis tests
+# mount; without it (no root with apt-get) those tests skip and say why.
+fuse:
+	@command -v fusermount3 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -q fuse3 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q fuse3 >/dev/null; }; }; } \
+		|| echo "make fuse: no fusermount3, and no root with apt-get to install fuse3: the power-cut tests will skip"
 
 proto: venv
 	$(PY) -m bascule.wire.generate

@@ -14,6 +14,9 @@ pipe that could fill up and stall the process; every timeout error quotes the en
         cluster.kill(0)
         cluster.restart(0)   # same gRPC and Raft addresses, same data dir
 
+With ``power_cuts=True`` each node's data dir is a FUSE mount (`bascule.testing.powercut`), and
+``power_cut(i)`` SIGKILLs node i and drops every write it had not fsynced, as a power cut would.
+
 As a pytest fixture, yield inside the ``with`` so that cleanup (and the removal of the temporary
 directory) happens however the test ends:
 
@@ -41,6 +44,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
+
+from bascule.testing.powercut import PowerCutDisk
 
 __all__ = [
     "LocalCluster",
@@ -456,6 +461,11 @@ class LocalNode(_Process):
     With `embedded_nats` the node runs its own nats-server; unless `config` names an
     ``nats.embedded.config`` file, that server is given a fixed port too (``nats_url``), so NATS
     clients of a test find it again after a restart.
+
+    With `power_cuts` the data dir is a `PowerCutDisk` mount (mounted at the first start, unmounted
+    on exit or `unmount`) over the hidden sibling dir ``.<name>.backing``, which holds the files; see
+    `power_cut`. The log and the config files are written to the backing dir directly, outside the
+    model: a cut must not eat the log lines that explain it.
     """
 
     name = "bascule node"
@@ -479,6 +489,7 @@ class LocalNode(_Process):
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         stop_grace: float = DEFAULT_STOP_GRACE,
+        power_cuts: bool = False,
     ) -> None:
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="bascule-node-")
@@ -487,7 +498,13 @@ class LocalNode(_Process):
             self.owns_data_dir = False
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(self.data_dir / LOG_NAME, stop_grace)
+        self.disk: PowerCutDisk | None = None
+        files_dir = self.data_dir
+        if power_cuts:
+            self.disk = PowerCutDisk(self.data_dir.parent / f".{self.data_dir.name}.backing", self.data_dir)
+            files_dir = self.disk.backing
+            files_dir.mkdir(exist_ok=True)
+        super().__init__(files_dir / LOG_NAME, stop_grace)
         self.server_id = server_id or f"node-{uuid.uuid4().hex[:8]}"
         if isinstance(nats_servers, str):
             nats_servers = [nats_servers]
@@ -509,11 +526,11 @@ class LocalNode(_Process):
         if config:
             import yaml
 
-            self.config_path = self.data_dir / CONFIG_NAME
+            self.config_path = files_dir / CONFIG_NAME
             self.config_path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
         if embedded_nats and "nats.embedded.config" not in _flat_config(config):
             self.embedded_nats_port = free_port(host)
-            self.embedded_nats_config = self.data_dir / EMBEDDED_NATS_CONFIG_NAME
+            self.embedded_nats_config = files_dir / EMBEDDED_NATS_CONFIG_NAME
             self.embedded_nats_config.write_text(f'listen: "{_join(host, self.embedded_nats_port)}"\n')
 
     @property
@@ -582,6 +599,8 @@ class LocalNode(_Process):
 
     def start(self, wait: bool = True, timeout: float = DEFAULT_READY_TIMEOUT) -> None:
         """Start the process; with `wait`, until `wait_ready` passes."""
+        if self.disk is not None and not self.disk.running:
+            self.disk.start()
         self._spawn()
         if wait:
             self.wait_ready(timeout)
@@ -603,10 +622,27 @@ class LocalNode(_Process):
             self.kill()
         self.start(wait, timeout)
 
+    def power_cut(self) -> dict[str, int]:
+        """SIGKILL the process group, then drop every write to the data dir that was not fsynced and
+        every file created and never synced (`PowerCutDisk.cut`, whose counts this returns). The node
+        stays stopped; `start` brings it back as after a kill."""
+        if self.disk is None:
+            raise LocalProcessError(f"{self._describe()} has no power-cut disk: create it with power_cuts=True")
+        self.kill()
+        return self.disk.cut()
+
+    def unmount(self) -> None:
+        """Unmount the power-cut disk, if any (the files stay in its backing dir; `start` mounts it again)."""
+        if self.disk is not None:
+            self.disk.stop()
+
     def remove_data(self) -> None:
         """Delete the data dir (the node must be stopped)."""
         if self.running:
             raise LocalProcessError(f"{self._describe()} is running")
+        if self.disk is not None:
+            self.disk.stop()
+            shutil.rmtree(self.disk.backing, ignore_errors=True)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalNode:
@@ -622,6 +658,7 @@ class LocalNode(_Process):
             self.stop()
         finally:
             self.kill()
+            self.unmount()
             if self.owns_data_dir and exc_info[0] is None:
                 self.remove_data()
 
@@ -648,6 +685,9 @@ class LocalCluster:
     Use it as a context manager, or call `start` and `stop`; leaving the ``with`` block stops
     every process it started, whatever happened. `keep_data` None (the default) removes a
     temporary `base_dir` after a clean exit and keeps it (logs included) after an error.
+
+    ``power_cuts=True`` puts each node's data dir on a `PowerCutDisk` (see `LocalNode`), for
+    `power_cut`; `stop` unmounts them, leaving the files in ``base_dir/.node-<i>.backing``.
     """
 
     def __init__(
@@ -665,6 +705,7 @@ class LocalCluster:
         keep_data: bool | None = None,
         env: Mapping[str, str] | None = None,
         host: str = LOOPBACK,
+        power_cuts: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -706,6 +747,7 @@ class LocalCluster:
                     level=level,
                     env=env,
                     stop_grace=stop_grace,
+                    power_cuts=power_cuts,
                 )
             )
         self._started = False
@@ -756,7 +798,8 @@ class LocalCluster:
                 node.wait_ready(max(0.1, deadline - time.monotonic()), brokers=ids)
 
     def stop(self, grace: float | None = None) -> None:
-        """Stop every node (SIGTERM, all at once, then SIGKILL after the grace period), then nats-server."""
+        """Stop every node (SIGTERM, all at once, then SIGKILL after the grace period), then nats-server;
+        unmount the power-cut disks."""
         try:
             for node in self.nodes:
                 node._terminate()
@@ -767,6 +810,14 @@ class LocalCluster:
                 self.nats.stop()
         finally:
             self.kill_all()
+            self._unmount_all()
+
+    def _unmount_all(self) -> None:
+        for node in self.nodes:
+            try:
+                node.unmount()
+            except Exception:  # noqa: BLE001 - unmount the others
+                pass
 
     def kill_all(self) -> None:
         """SIGKILL every process this cluster started."""
@@ -781,6 +832,7 @@ class LocalCluster:
             self.start()
         except BaseException:
             self.kill_all()
+            self._unmount_all()
             raise
         return self
 
@@ -809,6 +861,11 @@ class LocalCluster:
         node.start(wait=False)
         if wait:
             node.wait_ready(self.ready_timeout if timeout is None else timeout, brokers=self.server_ids)
+
+    def power_cut(self, index: int) -> dict[str, int]:
+        """SIGKILL node `index`, then drop every write to its data dir that it had not fsynced (the
+        cluster needs ``power_cuts=True``); the node stays stopped until `restart`. The cut's counts."""
+        return self.nodes[index].power_cut()
 
     def pause(self, index: int) -> None:
         """SIGSTOP node `index`."""

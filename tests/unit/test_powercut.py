@@ -1,0 +1,211 @@
+"""bascule.testing.powercut: a FUSE mount whose cut drops exactly what was not fsynced."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bascule.testing.powercut import PowerCutDisk, fuse_unavailable_reason
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    reason = fuse_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"power-cut tests need a FUSE mount: {reason}")
+    with PowerCutDisk(tmp_path / ".data.backing", tmp_path / "data") as disk:
+        yield disk
+
+
+@pytest.fixture
+def data(disk: PowerCutDisk) -> Path:
+    return disk.mountpoint
+
+
+def write(path: Path, data: bytes, *, offset: int | None = None, sync: bool = False) -> None:
+    """Append `data` (or write it at `offset`), fsync if asked, close."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_APPEND if offset is None else 0), 0o644)
+    try:
+        if offset is None:
+            os.write(fd, data)
+        else:
+            os.pwrite(fd, data, offset)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_unsynced_appends_are_lost_and_the_synced_prefix_kept(disk: PowerCutDisk, data: Path) -> None:
+    log = data / "log"
+    write(log, b"first;", sync=True)
+    write(log, b"second;")
+    write(log, b"third;")
+    assert log.read_bytes() == b"first;second;third;"  # the writer sees its own writes
+    stats = disk.cut()
+    assert log.read_bytes() == b"first;"
+    assert stats["bytes_truncated"] == len(b"second;third;")
+    assert stats["files_rolled_back"] == 1 and stats["files_removed"] == 0
+
+
+def test_fsync_and_fdatasync_make_writes_durable(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "a", b"one", sync=True)
+    write(data / "a", b"two", sync=True)
+    fd = os.open(data / "b", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"datasynced")
+    os.fdatasync(fd)
+    os.close(fd)
+    assert disk.cut()["bytes_dropped"] == 0
+    assert (data / "a").read_bytes() == b"onetwo"
+    assert (data / "b").read_bytes() == b"datasynced"
+
+
+def test_overwrites_in_a_synced_file_get_their_old_bytes_back(disk: PowerCutDisk, data: Path) -> None:
+    index = data / "index"
+    write(index, bytes(range(100)), sync=True)
+    write(index, b"\xff" * 10, offset=20)
+    write(index, b"\xee" * 10, offset=25)  # overlaps: the bytes saved must be those before the first write
+    write(index, b"\xdd" * 30, offset=90)  # runs past the old end
+    stats = disk.cut()
+    assert index.read_bytes() == bytes(range(100))
+    assert stats["bytes_restored"] == 15 + 10 and stats["bytes_truncated"] == 20
+
+
+def test_truncates_are_undone(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "shrunk", b"0123456789", sync=True)
+    os.truncate(data / "shrunk", 4)
+    write(data / "shrunk", b"abc")  # lands on bytes the truncate removed
+    write(data / "grown", b"0123", sync=True)
+    os.truncate(data / "grown", 1000)
+    with open(data / "reopened", "wb") as file:
+        file.write(b"kept")
+        file.flush()
+        os.fsync(file.fileno())
+    with open(data / "reopened", "wb") as file:  # O_TRUNC
+        file.write(b"new")
+    disk.cut()
+    assert (data / "shrunk").read_bytes() == b"0123456789"
+    assert (data / "grown").read_bytes() == b"0123"
+    assert (data / "reopened").read_bytes() == b"kept"
+
+
+def test_a_new_file_is_removed_unless_it_or_its_directory_was_fsynced(disk: PowerCutDisk, data: Path) -> None:
+    (data / "dir").mkdir()
+    write(data / "dir" / "never-synced", b"gone")
+    write(data / "dir" / "synced", b"kept", sync=True)
+    write(data / "listed", b"data not synced")
+    sync_directory(data)  # makes "listed" durable as a name, and "dir" (mkdir is durable anyway)
+    stats = disk.cut()
+    assert sorted(os.listdir(data)) == ["dir", "listed"]
+    assert os.listdir(data / "dir") == ["synced"]
+    assert (data / "dir" / "synced").read_bytes() == b"kept"
+    assert (data / "listed").read_bytes() == b""  # its name survived, its unsynced data did not
+    assert stats["files_removed"] == 1 and stats["bytes_dropped"] == len(b"gone") + len(b"data not synced")
+
+
+def test_renames_and_unlinks_are_durable_at_once(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "old-name", b"synced", sync=True)
+    os.rename(data / "old-name", data / "new-name")
+    write(data / "doomed", b"synced", sync=True)
+    os.unlink(data / "doomed")
+    write(data / "target", b"old target", sync=True)
+    write(data / "replacement.tmp", b"never synced")
+    os.replace(data / "replacement.tmp", data / "target")
+    write(data / "temporary", b"unsynced, then renamed into a new dir")
+    (data / "moved").mkdir()
+    os.rename(data / "temporary", data / "moved" / "file")
+    disk.cut()
+    # The replaced target is gone for good; the new file that replaced it was never synced, so it
+    # goes too, wherever the rename took it.
+    assert sorted(os.listdir(data)) == ["moved", "new-name"]
+    assert os.listdir(data / "moved") == []
+    assert (data / "new-name").read_bytes() == b"synced"
+
+
+def test_writes_through_a_shared_mmap_are_undone_without_msync(disk: PowerCutDisk, data: Path) -> None:
+    journal = data / "journal"
+    write(journal, b"\0" * 8192, sync=True)
+    with open(journal, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapped:
+        mapped[0:5] = b"dirty"
+        assert journal.read_bytes()[:5] == b"dirty"  # other readers see it, as with a page cache
+    disk.cut()
+    assert journal.read_bytes() == b"\0" * 8192
+
+
+def test_msync_and_fsync_make_mmap_writes_durable(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "msynced", b"\0" * 8192, sync=True)
+    write(data / "fsynced", b"\0" * 8192, sync=True)
+    for name, make_durable in [("msynced", mmap.mmap.flush), ("fsynced", lambda _: os.fsync(fd))]:
+        with open(data / name, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapped:
+            fd = file.fileno()
+            mapped[4096:4101] = b"saved"
+            make_durable(mapped)
+            mapped[0:4] = b"lost"  # after the sync: undone
+    disk.cut()
+    for name in ("msynced", "fsynced"):
+        assert (data / name).read_bytes() == b"\0" * 4096 + b"saved" + b"\0" * 4091, name
+
+
+WRITER = """
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_APPEND)
+for n in range(50):
+    os.write(fd, b"record %02d;" % n)
+    if n == 19:
+        os.fsync(fd)
+mapped = mmap.mmap(os.open(sys.argv[2], os.O_RDWR), 0)
+mapped[100:108] = b"mmapped!"
+print("written", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sigkilled_writer_loses_what_it_did_not_sync(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "log", b"", sync=True)
+    write(data / "journal", b"\0" * 4096, sync=True)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(data / "log"), str(data / "journal")],
+                              stdout=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()  # its dirty mmap'd pages reach the filesystem as it exits
+    stats = disk.cut()
+    assert (data / "log").read_bytes() == b"".join(b"record %02d;" % n for n in range(20))
+    assert (data / "journal").read_bytes() == b"\0" * 4096
+    assert stats["bytes_truncated"] == 30 * len(b"record 00;") and stats["bytes_restored"] >= 8
+
+
+def test_after_a_cut_the_disk_tracks_new_writes_afresh(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "log", b"a", sync=True)
+    write(data / "log", b"b")
+    disk.cut()
+    write(data / "log", b"c", sync=True)
+    write(data / "log", b"d")
+    disk.cut()
+    assert (data / "log").read_bytes() == b"ac"
+
+
+def test_stop_unmounts_and_leaves_the_files_in_the_backing_dir(tmp_path: Path) -> None:
+    reason = fuse_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"power-cut tests need a FUSE mount: {reason}")
+    disk = PowerCutDisk(tmp_path / ".backing", tmp_path / "mount")
+    disk.start()
+    write(tmp_path / "mount" / "file", b"x", sync=True)
+    disk.stop()
+    assert str(tmp_path / "mount") not in Path("/proc/self/mounts").read_text()
+    assert os.listdir(tmp_path / "mount") == []
+    assert (tmp_path / ".backing" / "file").read_bytes() == b"x"
