@@ -127,6 +127,9 @@ async def test_api_errors_match_liftbridge(tmp_path):
             with pytest.raises(BasculeError) as failure:
                 await client.create_stream("big", "big", replication_factor=3)
             assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(BasculeError, match="min ISR 2 exceeds the replication factor 1") as failure:
+                await client.create_stream("strict", "strict", replication_factor=1, min_isr=2)
+            assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(BasculeError) as failure:
                 await collect(client.subscribe("nope"), 1)
             assert failure.value.code == grpc.StatusCode.NOT_FOUND

@@ -280,10 +280,12 @@ class Node:
                 raise MetadataError(INVALID_ARGUMENT, problem)
         if partitions < 0:
             raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
-        min_isr = settings.get("min_isr") or 0
+        # a partition whose ISR can never reach its min ISR would never commit anything
+        min_isr = settings.get("min_isr") or self.config.clustering.min_insync_replicas
         if replication_factor > 0 and min_isr > replication_factor:
+            origin = "" if settings.get("min_isr") else " (clustering.min.insync.replicas)"
             raise MetadataError(
-                INVALID_ARGUMENT, f"min ISR {min_isr} exceeds the replication factor {replication_factor}"
+                INVALID_ARGUMENT, f"min ISR {min_isr}{origin} exceeds the replication factor {replication_factor}"
             )
         await self.metadata.call(
             "create_stream", name=name, subject=subject, group=group,
