@@ -405,3 +405,21 @@ def test_sync_and_close_are_idempotent(tmp_path):
     log.sync()
     log.close()
     log.close()
+
+
+def test_restart_at_empties_the_log_and_starts_it_past_its_old_end(tmp_path):
+    """A follower below its leader's log start restarts its log there; the restart survives a reopen."""
+    with CommitLog.open(tmp_path, SMALL_SEGMENTS) as log:
+        log.append(values(20), 1)
+        log.high_watermark = 15
+        log.restart_at(100)
+        assert (log.oldest_offset, log.next_offset, log.high_watermark) == (100, 100, 99)
+        assert log.epochs.entries == []
+        with pytest.raises(OffsetOutOfRange):
+            log.read(50)
+        log.append(values(3), 2)
+        log.high_watermark = 101
+    assert [name for name in log_files(tmp_path) if name.endswith(".log")] == ["00000000000000000100.log"]
+    with CommitLog.open(tmp_path, SMALL_SEGMENTS) as log:
+        assert (log.oldest_offset, log.next_offset, log.high_watermark) == (100, 103, 101)
+        assert log.epochs.entries == [(2, 100)]

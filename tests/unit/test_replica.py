@@ -96,3 +96,43 @@ def test_position_names_the_epoch_of_the_last_entry_not_an_empty_leader_epoch(tm
             replica.close()
 
     asyncio.run(run())
+
+
+async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and_catches_up(tmp_path):
+    """The leader's retention removed offsets 0..29; a follower that has 0..4 gets entries from 30
+    (the replica shell serving the fetch), and its machine and log restart at 30 and catch up."""
+    from bascule.partition.log import LogConfig
+    from bascule.partition.replication.follower import Append, Follower, FollowerConfig, RestartLog
+    from bascule.wire.entry import scan
+
+    config = LogConfig(segment_max_bytes=300, index_interval_bytes=100, retention_max_messages=20)
+    leader_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader", config), SyncPolicy(), time.monotonic)
+    leader_replica.become_leader("L", 3, 0, ("L", "F"), ("L",), min_isr=1, max_lag_time=10.0)
+    leader_log = leader_replica.log
+    for batch in range(10):
+        leader_replica.submit([Record(b"x" * 20) for _ in range(5)])
+        await until(lambda: leader_replica.high_watermark == batch * 5 + 4)  # one append each: segments roll
+    leader_log.enforce_retention()
+    assert leader_log.oldest_offset > 5
+    follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+    follower_replica.log.append([Record(b"old") for _ in range(5)], 1)
+    follower_replica.become_follower("L", 3)
+    machine = Follower("F", "L", 3, follower_replica.log.epochs, 5, -1, 0.0, config=FollowerConfig())
+    machine.start()
+    machine.on_epoch_answer(1, 5, 0.0)
+    try:
+        for _ in range(10):
+            if follower_replica.log.next_offset == leader_log.next_offset:
+                break
+            data = leader_replica.serve_fetch("F", follower_replica.log.next_offset, 3, 1 << 20)
+            walked = list(scan(data))
+            for action in machine.on_replicate(3, leader_log.high_watermark, [(o, e) for o, e, *_ in walked], 1.0):
+                if isinstance(action, RestartLog):
+                    follower_replica.restart_log(action.start_offset)
+                elif isinstance(action, Append):
+                    follower_replica.append_replicated(data, walked)
+        assert follower_replica.log.oldest_offset == leader_log.oldest_offset
+        assert follower_replica.log.read(leader_log.oldest_offset, 1000) == leader_log.read(leader_log.oldest_offset, 1000)
+    finally:
+        leader_replica.close()
+        follower_replica.close()

@@ -10,6 +10,7 @@ from bascule.partition.replication.follower import (
     FollowerConfig,
     FollowerState,
     ReportLeader,
+    RestartLog,
     SendEpochQuery,
     SendFetch,
     SetHighWatermark,
@@ -237,8 +238,19 @@ def test_invalid_replies_while_idle_are_ignored():
 def test_stale_or_gapped_data_is_dropped_and_refetched():
     f = fetching(leo=5)
     assert f.on_replicate(3, 9, [(3, 1), (4, 1)], 1.0) == [SendFetch(5, 3)]
-    assert f.on_replicate(3, 9, [(7, 1)], 1.0) == [SendFetch(5, 3)]
+    assert f.on_replicate(3, 5, [(7, 1)], 1.0) == [SendFetch(5, 3)]  # a gap above the leader's HW
     assert f.log_end_offset == 5 and f.hw == -1
+
+
+def test_below_the_leaders_log_start_the_log_restarts_there():
+    """The leader's retention went past this replica's end (or this replica lost its disk): the
+    leader serves from its log start, and the follower restarts its log there, never idling
+    below it forever."""
+    f = fetching(leo=5, hw=4, entries=((1, 0),))
+    actions = f.on_replicate(3, 120, [(100, 2), (101, 3)], 1.0)
+    assert actions == [RestartLog(100), Append(100, 2, ((2, 100), (3, 101))), SetHighWatermark(101), SendFetch(102, 3)]
+    assert f.history.entries == [(2, 100), (3, 101)]
+    assert f.log_start_offset == 100 and f.log_end_offset == 102 and f.hw == 101
 
 
 @pytest.mark.parametrize(

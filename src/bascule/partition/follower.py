@@ -181,13 +181,17 @@ class FollowerLoop:
         positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
         actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
         for action in actions:
-            if isinstance(action, machine.Append):
+            if isinstance(action, machine.RestartLog):
+                log.warning("%s/%s: the leader's log starts at %d, past this replica's end: restarting the log there",
+                            replica.stream, replica.partition, action.start_offset)
+                replica.restart_log(action.start_offset)
+            elif isinstance(action, machine.Append):
                 replica.append_replicated(bytes(response.entries[:length]), walked)
                 if replica.sync_policy.always:
                     # The next fetch names this log end, and the leader counts it towards the HW:
                     # under "always" an ALL ack means on disk on every ISR member.
                     await asyncio.get_running_loop().run_in_executor(None, replica.log.begin_sync())
-        return [a for a in actions if not isinstance(a, machine.Append)]
+        return [a for a in actions if not isinstance(a, (machine.Append, machine.RestartLog))]
 
 
 def intact_entries(data: memoryview) -> list[WalkedEntry]:

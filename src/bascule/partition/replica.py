@@ -248,11 +248,14 @@ class PartitionReplica:
         self._publish_high_watermark()
         # Only what is durable here (under ``always``) goes to followers: a follower never gets
         # ahead of what this leader counts as its own log end.
-        available = tracker.leader_log_end - log_end_offset
+        # A follower below this log's start (retention, or its disk was wiped) gets the entries
+        # from the start: the gap tells it to restart its log there.
+        start = max(log_end_offset, self.log.oldest_offset)
+        available = tracker.leader_log_end - start
         if available <= 0:
             return b""
         # Followers check every entry's CRC as they receive it: no need to check here too.
-        return self.log.read_raw(log_end_offset, max_bytes, check_crc=False, max_entries=available)
+        return self.log.read_raw(start, max_bytes, check_crc=False, max_entries=available)
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
@@ -310,6 +313,10 @@ class PartitionReplica:
 
     def truncate(self, end_offset: int) -> None:
         self.log.truncate(end_offset)
+        self._wake_readers()
+
+    def restart_log(self, start_offset: int) -> None:
+        self.log.restart_at(start_offset)
         self._wake_readers()
 
     def set_high_watermark(self, hw: int) -> None:

@@ -394,6 +394,19 @@ class CommitLog:
             )
         checkpoint.sync_directory(self.directory)
 
+    def restart_at(self, offset: int) -> None:
+        """Empty the log and restart it at ``offset``, which may be past its end (a follower whose
+        leader's log starts after this log's end)."""
+        if offset < 0:
+            raise ValueError(f"cannot restart at negative offset {offset}")
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [Segment.create(self.directory, offset, self.config.index_interval_bytes)]
+        checkpoint.sync_directory(self.directory)
+        self._last_timestamp = 0
+        self._epochs.truncate_from_end(0)
+        self._high_watermark = offset - 1
+
     def enforce_retention(self) -> int:
         """Delete the oldest whole segments beyond the retention limits; returns how many.
 

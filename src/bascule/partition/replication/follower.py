@@ -26,11 +26,14 @@ next event:
 
 ``FETCHING``
     :class:`SendFetch` asks for the follower's log end offset. A response is dropped when its
-    leader epoch is not the expected one, when its first offset is not the follower's log end
-    offset (stale or out of order), or when its entries are not contiguous or carry epochs that
+    leader epoch is not the expected one, when its first offset is below the follower's log end
+    offset (stale), or when its entries are not contiguous or carry epochs that
     cannot follow the log (going backwards, or above the leader epoch). A valid response is
     appended (:class:`Append`, with the epochs it starts) and the HW becomes
-    ``max(hw, min(leader hw, last offset))``.
+    ``max(hw, min(leader hw, last offset))``. A response of the current epoch that starts past
+    the follower's log end, at or below the leader's HW + 1, means the leader's log starts there
+    (retention, or a wiped replica): :class:`RestartLog` empties the log and restarts it at that
+    offset before the append.
 
 ``IDLE``
     After an empty valid response (caught up) the follower waits for a notification or
@@ -99,6 +102,14 @@ class Truncate:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartLog:
+    """The leader's log starts after this replica's log end: empty the log (and its epoch history)
+    and restart it at ``start_offset``, with the HW just below it."""
+
+    start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class SendFetch:
     """Send a replication request for ``offset`` onwards (wire ``offset`` field: offset - 1)."""
 
@@ -137,7 +148,7 @@ class ReportLeader:
     leader_epoch: int
 
 
-Action = SendEpochQuery | Truncate | SendFetch | Append | SetHighWatermark | WaitForData | ReportLeader
+Action = SendEpochQuery | Truncate | RestartLog | SendFetch | Append | SetHighWatermark | WaitForData | ReportLeader
 
 
 class Follower:
@@ -239,18 +250,23 @@ class Follower:
             self._idle_until = now + self.config.max_idle_wait
             return actions + [WaitForData(self._idle_until)]
         first_offset = entries[0][0]
-        if first_offset != self.log_end_offset:
+        # Past this log's end: the leader has nothing at this log's end, its log starts later
+        # (retention, or this replica lost its disk). Retention never passes the leader's HW, so
+        # a gap above it is no such answer.
+        restart = first_offset > self.log_end_offset and leader_hw >= first_offset - 1
+        if first_offset < self.log_end_offset or (first_offset > self.log_end_offset and not restart):
             # stale (a reply to an earlier request) or a gap; the leader did answer, though
             self._last_contact = now
             return [self._fetch()] if fetching else []
+        actions: list[Action] = [self._restart_log(first_offset)] if restart else []
         epoch_starts = self._epoch_starts(entries)
         if epoch_starts is None:
-            return self._back_off(now) if fetching else []
+            return actions + (self._back_off(now) if fetching else [])
         self._last_contact = now
         for epoch, start in epoch_starts:
             self.history.assign(epoch, start)
         self.log_end_offset += len(entries)
-        actions: list[Action] = [Append(first_offset, len(entries), tuple(epoch_starts))]
+        actions.append(Append(first_offset, len(entries), tuple(epoch_starts)))
         actions += self._update_hw(leader_hw)
         actions.append(self._fetch())
         return actions
@@ -319,6 +335,12 @@ class Follower:
             return []
         self.hw = new_hw
         return [SetHighWatermark(new_hw)]
+
+    def _restart_log(self, start_offset: int) -> RestartLog:
+        self.history.truncate_from_end(0)
+        self.log_start_offset = self.log_end_offset = start_offset
+        self.hw = start_offset - 1
+        return RestartLog(start_offset)
 
     def _epoch_starts(self, entries: Sequence[tuple[int, int]]) -> list[tuple[int, int]] | None:
         """New (epoch, start) pairs of a batch, or None when it cannot follow this log."""
