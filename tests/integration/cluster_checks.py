@@ -39,6 +39,7 @@ FAST: dict[str, Any] = {
 }
 
 RPC_TIMEOUT = 1.0
+ALL_NODES = [0, 1, 2]
 
 
 class InvariantViolation(AssertionError):
@@ -148,6 +149,60 @@ async def raft_leader_index(cluster: LocalCluster, indexes: list[int] | None = N
     if len(leaders) == 1 and named == {cluster.node(leaders[0]).raft_address}:
         return by_address[cluster.node(leaders[0]).raft_address]
     return None
+
+
+async def create_stream(cluster: LocalCluster, name: str, replication_factor: int = 3, min_isr: int = 2) -> None:
+    async with Client(cluster.brokers[0]) as client:
+        await client.create_stream(name, f"{name}.in", replication_factor=replication_factor, min_isr=min_isr)
+    nodes = ALL_NODES if replication_factor == 3 else None
+    if nodes is not None:
+        await wait_for(lambda: converged(cluster, name, nodes), 15, f"{name}: a leader and a full ISR", cluster)
+    else:
+        await wait_for(lambda: leader_of(cluster, name), 15, f"{name}: a leader", cluster)
+
+
+async def leader_index(cluster: LocalCluster, stream: str, among: list[int] | None = None) -> int:
+    leader = await wait_for(lambda: leader_of(cluster, stream, among), 15, f"{stream}: a leader", cluster)
+    return index_of(cluster, leader)
+
+
+async def new_leader(cluster: LocalCluster, stream: str, among: list[int], old: str, timeout: float = 15) -> int:
+    """Until the nodes `among` agree on a leader other than `old`; its index."""
+
+    async def elected():
+        info = await agreed_partition(cluster, stream, among)
+        return info.leader if info is not None and info.leader != old else None
+
+    return index_of(cluster, await wait_for(elected, timeout, f"{stream}: a leader other than {old}", cluster))
+
+
+async def restart(cluster: LocalCluster, index: int) -> None:
+    """Start a stopped (killed) node again, without blocking the event loop."""
+    node = cluster.node(index)
+    node.start(wait=False)
+    await asyncio.to_thread(node.wait_ready, 30, cluster.server_ids)
+
+
+async def publish_all_acked(cluster: LocalCluster, stream: str, values: list[bytes], timeout: float = 20) -> dict:
+    """Publish `values` (ack ALL) to the current leader, retrying the batch until it is acked."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        leader = cluster.node(await leader_index(cluster, stream))
+        try:
+            async with Client(leader.address, timeout=3) as client:
+                acks = await client.publish_many(stream, values, ack_policy="all")
+            return {ack.offset: value for ack, value in zip(acks, values)}
+        except (BasculeError, asyncio.TimeoutError) as exc:
+            last = exc
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{stream}: batch not acked within {timeout} s: {last!r}\n{cluster.log_tails(25)}")
+
+
+def stop_and_check_files(cluster: LocalCluster, streams: dict[str, dict[int, bytes]]) -> None:
+    cluster.stop()
+    for stream, acked in streams.items():
+        check_stored_logs(cluster, stream, acked)
 
 
 def leader_epochs(cluster: LocalCluster, index: int, stream: str) -> list[tuple[int, int]]:
@@ -455,7 +510,7 @@ async def check_live(
 
 
 def partition_dir(cluster: LocalCluster, index: int, stream: str) -> Path:
-    return newest_incarnation(cluster.node(index).data_dir, stream) / "0"
+    return newest_incarnation(cluster.node(index).stored_dir, stream) / "0"
 
 
 def newest_incarnation(data_dir: Path, stream: str) -> Path:

@@ -28,6 +28,7 @@ from bascule.testing.local import LocalCluster
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 
 from cluster_checks import (
+    ALL_NODES,
     FAST,
     EnvelopePublisher,
     InvariantViolation,
@@ -36,76 +37,26 @@ from cluster_checks import (
     check_live,
     check_stored_logs,
     converged,
+    create_stream,
     index_of,
     leader_epochs,
+    leader_index,
     leader_of,
+    new_leader,
+    publish_all_acked,
     publish_direct,
     raft_leader_index,
     read_node,
     read_stored_log,
+    restart,
     running_observer,
     running_publisher,
+    stop_and_check_files,
     views,
     wait_for,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.timeout(90)]
-
-ALL_NODES = [0, 1, 2]
-
-
-async def create_stream(cluster: LocalCluster, name: str, replication_factor: int = 3, min_isr: int = 2) -> None:
-    async with Client(cluster.brokers[0]) as client:
-        await client.create_stream(name, f"{name}.in", replication_factor=replication_factor, min_isr=min_isr)
-    nodes = ALL_NODES if replication_factor == 3 else None
-    if nodes is not None:
-        await wait_for(lambda: converged(cluster, name, nodes), 15, f"{name}: a leader and a full ISR", cluster)
-    else:
-        await wait_for(lambda: leader_of(cluster, name), 15, f"{name}: a leader", cluster)
-
-
-async def leader_index(cluster: LocalCluster, stream: str, among: list[int] | None = None) -> int:
-    leader = await wait_for(lambda: leader_of(cluster, stream, among), 15, f"{stream}: a leader", cluster)
-    return index_of(cluster, leader)
-
-
-async def new_leader(cluster: LocalCluster, stream: str, among: list[int], old: str, timeout: float = 15) -> int:
-    """Until the nodes `among` agree on a leader other than `old`; its index."""
-
-    async def elected():
-        info = await agreed_partition(cluster, stream, among)
-        return info.leader if info is not None and info.leader != old else None
-
-    return index_of(cluster, await wait_for(elected, timeout, f"{stream}: a leader other than {old}", cluster))
-
-
-async def restart(cluster: LocalCluster, index: int) -> None:
-    """Start a stopped (killed) node again, without blocking the event loop."""
-    node = cluster.node(index)
-    node.start(wait=False)
-    await asyncio.to_thread(node.wait_ready, 30, cluster.server_ids)
-
-
-async def publish_all_acked(cluster: LocalCluster, stream: str, values: list[bytes], timeout: float = 20) -> dict:
-    """Publish `values` (ack ALL) to the current leader, retrying the batch until it is acked."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        leader = cluster.node(await leader_index(cluster, stream))
-        try:
-            async with Client(leader.address, timeout=3) as client:
-                acks = await client.publish_many(stream, values, ack_policy="all")
-            return {ack.offset: value for ack, value in zip(acks, values)}
-        except (BasculeError, asyncio.TimeoutError) as exc:
-            last = exc
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"{stream}: batch not acked within {timeout} s: {last!r}\n{cluster.log_tails(25)}")
-
-
-def stop_and_check_files(cluster: LocalCluster, streams: dict[str, dict[int, bytes]]) -> None:
-    cluster.stop()
-    for stream, acked in streams.items():
-        check_stored_logs(cluster, stream, acked)
 
 
 # ---- 1. hard bounce -------------------------------------------------------------------------------------

@@ -622,6 +622,14 @@ class LocalNode(_Process):
             self.kill()
         self.start(wait, timeout)
 
+    @property
+    def stored_dir(self) -> Path:
+        """Where the data dir's files are now: the mount while a power-cut disk is mounted, its
+        backing dir once unmounted (after `stop`), else the data dir."""
+        if self.disk is not None and not self.disk.running:
+            return self.disk.backing
+        return self.data_dir
+
     def power_cut(self) -> dict[str, int]:
         """SIGKILL the process group, then drop every write to the data dir that was not fsynced and
         every file created and never synced (`PowerCutDisk.cut`, whose counts this returns). The node
