@@ -131,9 +131,7 @@ class Node:
         await self.metadata.start()
         await self.nats.subscribe(self.subjects.admin_status, cb=self._on_status_request)
         await self.nats.subscribe(self.subjects.admin_replicas, cb=self._on_replicas_request)
-        registration = asyncio.create_task(self._register_broker(raft_address))
-        self._tasks.add(registration)
-        registration.add_done_callback(self._tasks.discard)
+        registration = self._spawn(self._register_broker(raft_address))
         # Serve once this broker is known to the cluster, so the first CreateStream can place on it;
         # without a metadata leader in sight, serve anyway and answer "no known metadata leader".
         await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
@@ -217,10 +215,17 @@ class Node:
         peers_file.write_text("\n".join(members) + "\n")
         return [m for m in members if m != raft_address]
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        """A task the node owns: cancelled at stop, its failure logged."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not self._stopping.is_set():
+            log.error("task %s failed", task.get_coro().__qualname__, exc_info=task.exception())
 
     async def _periodic(self, interval: float, action: Any) -> None:
         while True:

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # After a failed request the machine asks again at once; pause so a missing leader is not flooded.
 RETRY_PAUSE = 0.05
+# After the loop itself failed (a bug, a disk error): a pause before it starts again from the log.
+RESTART_PAUSE = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class FollowerLoop:
         self.leader_epoch = replica.leader_epoch
         self._notified = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._reports: set[asyncio.Task] = set()
         self._stopping = False
 
     def start(self) -> None:
@@ -82,11 +85,27 @@ class FollowerLoop:
             task.cancel()
             await asyncio.wait({task}, timeout=0.1)
         self._task = None
+        for report in list(self._reports):
+            report.cancel()
 
     def notify(self) -> None:
         self._notified.set()
 
     async def _run(self) -> None:
+        """Follow until stopped. A failure of the loop is logged and the loop starts again from
+        what the log holds (a new machine truncates through the leader first): a follower that
+        silently stopped fetching would stay in the ISR until its lag showed, and never catch up."""
+        while not self._stopping and not self.replica.closed:
+            try:
+                await self._follow()
+            except Exception:
+                if self._stopping or self.replica.closed:
+                    return
+                log.exception("%s/%s: the follower loop failed; it starts again from the log in %.1f s",
+                              self.replica.stream, self.replica.partition, RESTART_PAUSE)
+                await asyncio.sleep(RESTART_PAUSE)
+
+    async def _follow(self) -> None:
         replica, clock = self.replica, self.replica.clock
         follower = machine.Follower(
             self.server_id, self.leader, self.leader_epoch, replica.log.epochs,
@@ -117,8 +136,20 @@ class FollowerLoop:
         elif isinstance(action, machine.WaitForData):
             return await self._wait(follower, action.until)
         elif isinstance(action, machine.ReportLeader):
-            asyncio.create_task(self.report_leader(replica, action.leader_id, action.leader_epoch))
+            self._report(action)
         return []
+
+    def _report(self, action: machine.ReportLeader) -> None:
+        """Report the leader without holding up the loop; the report is this loop's task."""
+        task = asyncio.create_task(self.report_leader(self.replica, action.leader_id, action.leader_epoch))
+        self._reports.add(task)
+        task.add_done_callback(self._report_done)
+
+    def _report_done(self, task: asyncio.Task) -> None:
+        self._reports.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s/%s: reporting the leader failed", self.replica.stream, self.replica.partition,
+                      exc_info=task.exception())
 
     async def _wait(self, follower: machine.Follower, until: float) -> list[machine.Action]:
         try:

@@ -1,0 +1,75 @@
+"""The replication shells (LeaderEndpoint, FollowerLoop) between two real replicas over a real
+nats-server, without a node around them: what a failure inside the follower loop does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import nats
+import pytest
+
+from bascule.partition.follower import FollowerLoop, FollowerSettings
+from bascule.partition.leader import LeaderEndpoint
+from bascule.partition.log import CommitLog
+from bascule.partition.replica import PartitionReplica, SyncPolicy
+from bascule.partition.subjects import Subjects
+from bascule.testing.local import LocalNatsServer
+from bascule.wire.entry import Record
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplog) -> None:
+    """The follower's first append raises (a bug, a transient disk error): the loop logs it, starts
+    again from its log and catches up; it never silently stops fetching."""
+    caplog.set_level(logging.ERROR, logger="bascule.partition.follower")
+    server = LocalNatsServer(tmp_path / "nats.log")
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        subjects = Subjects("shells")
+        leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
+        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
+        await endpoint.start()
+        follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+        follower_replica.become_follower("L", 1)
+        real_append = follower_replica.append_replicated
+        failures = []
+
+        def append_failing_once(data, walked):
+            if not failures:
+                failures.append(len(walked))
+                raise OSError(5, "Input/output error (injected)")
+            return real_append(data, walked)
+
+        follower_replica.append_replicated = append_failing_once
+
+        async def no_report(*_: object) -> None:
+            return None
+
+        loop = FollowerLoop(nc, subjects, follower_replica, "F", FollowerSettings(0.5, 3.0, 1.0), no_report)
+        loop.start()
+        try:
+            leader.submit([Record(b"m-%d" % i) for i in range(10)])
+            await until(lambda: follower_replica.log.next_offset == 10, 15, "the follower to catch up")
+            assert failures, "the injected failure never happened"
+            assert [e.value for e in follower_replica.log.read(0, 100)] == [b"m-%d" % i for i in range(10)]
+            assert any("follower loop failed" in r.getMessage() for r in caplog.records), caplog.text
+        finally:
+            await loop.stop()
+            await endpoint.stop()
+            leader.close()
+            follower_replica.close()
+            await nc.close()
+    finally:
+        server.stop()
