@@ -73,3 +73,47 @@ async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplo
             await nc.close()
     finally:
         server.stop()
+
+
+async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader(tmp_path) -> None:
+    """A byte of entry 5 rots on the leader's disk: the follower keeps 0..4, never takes the damaged
+    bytes for an answer (it used to idle there as if caught up, forever) and reports the leader
+    after the leader timeout, so that the metadata leader replaces it."""
+    server = LocalNatsServer(tmp_path / "nats.log")
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        subjects = Subjects("shells")
+        leader_log = CommitLog.open(tmp_path / "leader")
+        leader_log.append([Record(b"value-%d" % i) for i in range(10)], 1)
+        leader_log.sync()
+        segment = next((tmp_path / "leader").glob("*.log"))
+        data = bytearray(segment.read_bytes())
+        data[data.index(b"value-5")] ^= 0xFF
+        segment.write_bytes(bytes(data))
+        leader = PartitionReplica("s", 0, leader_log, SyncPolicy(), time.monotonic)
+        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
+        await endpoint.start()
+        follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+        follower_replica.become_follower("L", 1)
+        reports: list[tuple[str, int]] = []
+
+        async def report(_replica, leader_id: str, leader_epoch: int) -> None:
+            reports.append((leader_id, leader_epoch))
+
+        loop = FollowerLoop(nc, subjects, follower_replica, "F", FollowerSettings(0.3, 1.5, 0.5), report)
+        loop.start()
+        try:
+            await until(lambda: reports, 10, "the follower to report the leader")
+            assert reports[0] == ("L", 1)
+            assert follower_replica.log.next_offset == 5
+            assert [e.value for e in follower_replica.log.read(0, 100)] == [b"value-%d" % i for i in range(5)]
+        finally:
+            await loop.stop()
+            await endpoint.stop()
+            leader.close()
+            follower_replica.close()
+            await nc.close()
+    finally:
+        server.stop()

@@ -209,6 +209,12 @@ class FollowerLoop:
             # Keep the intact entries; the rest is fetched again from where they end.
             log.warning("%s/%s: dropping %d corrupt bytes of a replication response",
                         replica.stream, replica.partition, len(response.entries) - length)
+            if not walked:
+                # Nothing usable: not an answer. Taken as one (an empty, caught-up reply) it would
+                # idle this follower forever below a damaged entry; as a failure, a leader that
+                # keeps sending it is reported and replaced.
+                await asyncio.sleep(RETRY_PAUSE)
+                return follower.on_fetch_failed(replica.clock())
         positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
         actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
         for action in actions:

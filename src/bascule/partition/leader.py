@@ -63,8 +63,10 @@ class LeaderEndpoint:
         try:
             data = replica.serve_fetch(request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes)
         except (OffsetOutOfRange, CorruptEntry) as exc:
+            # No answer: an empty one would tell the follower it is caught up, and it would idle
+            # below the damage forever; unanswered, it reports this leader, which gets replaced.
             log.error("cannot serve %s from %s/%s: %s", request.replicaID, replica.stream, replica.partition, exc)
-            data = b""
+            return
         await self.nc.publish(msg.reply, replicate.encode_response(replica.leader_epoch, replica.high_watermark, data))
 
     async def _on_epoch_query(self, msg: Msg) -> None:
