@@ -71,3 +71,37 @@ async def test_nodes_join_a_seed_over_nats_and_rejoin_after_restart(tmp_path):
                 node.kill()
     finally:
         nats_server.kill()
+
+
+async def test_two_nodes_joining_at_once_both_become_voters(tmp_path):
+    """Both joiners' membership changes go in (pysyncobj 0.3 does not hold a second change back until
+    the first commits), and every node ends up counting three voters."""
+    nats_server = LocalNatsServer(tmp_path / "nats.log")
+    nats_server.start()
+    try:
+        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True)
+        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url) for i in range(2)]
+        nodes = [seed, *joiners]
+        try:
+            seed.start()
+            for node in joiners:
+                node.start(wait=False)
+            for node in nodes:
+                await asyncio.to_thread(node.wait_ready, 30, ["seed", "j0", "j1"])
+            for node in nodes:
+                for _ in range(50):
+                    voters = cli("status", "-a", node.address)["voters"]
+                    if len(voters) == 3:
+                        break
+                    await asyncio.sleep(0.2)
+                assert len(voters) == 3, (node.server_id, voters)
+            async with Client(joiners[1].address) as client:
+                await client.create_stream("both", "both", replication_factor=3)
+                acks = await client.publish_many("both", [b"a", b"b"], ack_policy="all")
+                assert [a.offset for a in acks] == [0, 1]
+        finally:
+            for node in nodes:
+                node.kill()
+    finally:
+        nats_server.kill()
+

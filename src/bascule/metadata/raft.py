@@ -191,8 +191,20 @@ class MetadataRaft:
     def members(self) -> list[str]:
         return [self.address, *(node.address for node in self._sync.otherNodes)]
 
-    def add_voter(self, address: str, callback: Callable[[Any, int], None] | None = None) -> None:
-        self._sync.addNodeToCluster(address, callback=callback)
+    async def add_voter(self, address: str, wait: float) -> bool | None:
+        """Add ``address`` to the group: True once committed, False when refused (another
+        membership change is not committed yet, or this node is no longer leader), None when not
+        settled within ``wait`` (growing from one node, the commit needs the new node itself)."""
+        done: asyncio.Future[bool] = self._loop.create_future()
+
+        def finished(_result: Any, reason: int) -> None:
+            self._loop.call_soon_threadsafe(_settle, done, reason == FAIL_REASON.SUCCESS)
+
+        self._sync.addNodeToCluster(address, callback=finished)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), wait)
+        except asyncio.TimeoutError:
+            return None
 
     def close(self) -> None:
         self._sync.destroy()

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT = 5.0
 JOIN_RETRY = 0.5
+# How long a join request waits for its membership change to commit before the answer goes out
+# anyway (growing from one node, the commit needs the joiner, which starts Raft after the answer).
+JOIN_SETTLE = 1.0
 LEADER_POLL = 0.02
 
 
@@ -200,7 +203,12 @@ class MetadataService:
         members = self.raft.members()
         if address not in members:
             log.info("adding %s to the metadata Raft group", address)
-            self.raft.add_voter(address)
+            if await self.raft.add_voter(address, JOIN_SETTLE) is False:
+                # Raft takes one membership change at a time: the joiner asks again.
+                reply = _pack({"members": None, "error": "another membership change is under way"})
+                await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
+                return
+            members = self.raft.members()
         reply = _pack({"members": sorted(set(members) | {address})})
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
 
@@ -218,9 +226,11 @@ async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str, stopping
         try:
             reply = await nc.request(subjects.join, request, timeout=FORWARD_TIMEOUT)
             kind, payload = envelope.decode(reply.data)
-            members = _unpack(payload)["members"]
+            answer = _unpack(payload)
+            members = answer["members"]
             if kind == envelope.MsgType.RAFT_JOIN_RESPONSE and isinstance(members, list):
                 return [str(m) for m in members]
+            log.info("not joined the metadata Raft group yet: %s", answer.get("error", "malformed answer"))
         except (asyncio.TimeoutError, NatsError, envelope.EnvelopeError, ValueError, KeyError, TypeError) as exc:
             log.info("waiting to join the metadata Raft group: %r", exc)
         await asyncio.sleep(JOIN_RETRY)
