@@ -117,3 +117,59 @@ async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader
             await nc.close()
     finally:
         server.stop()
+
+
+async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_again(tmp_path) -> None:
+    """Entry 5 rots on leader A's disk while B already holds 0..9 (committed). B's next fetch
+    at 5 is refused; A's re-read (checked, because the follower asked again) records the damage
+    (A's election position now ends at 5), and once B leads, A as follower cuts its log at 5 and
+    fetches 5..9 from B: every replica again holds every committed entry."""
+    server = LocalNatsServer(tmp_path / "nats.log")
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        subjects = Subjects("shells")
+        a = PartitionReplica("s", 0, CommitLog.open(tmp_path / "a"), SyncPolicy(), time.monotonic)
+        b = PartitionReplica("s", 0, CommitLog.open(tmp_path / "b"), SyncPolicy(), time.monotonic)
+        for replica in (a, b):
+            replica.log.append([Record(b"value-%d" % i) for i in range(10)], 1)
+            replica.log.high_watermark = 4
+            replica.log.sync()
+        segment = next((tmp_path / "a").glob("*.log"))
+        data = bytearray(segment.read_bytes())
+        data[data.index(b"value-5")] ^= 0xFF
+        segment.write_bytes(bytes(data))
+        b.log.truncate(5)  # B is behind: it will ask A for 5 onwards
+
+        async def no_report(*_: object) -> None:
+            return None
+
+        settings = FollowerSettings(0.3, 1.5, 0.5)
+        a.become_leader("A", 1, 0, ("A", "B"), ("A", "B"), min_isr=1, max_lag_time=30.0)
+        endpoint = LeaderEndpoint(nc, subjects, a, 1 << 20)
+        await endpoint.start()
+        b.become_follower("A", 1)
+        loop = FollowerLoop(nc, subjects, b, "B", settings, no_report)
+        loop.start()
+        try:
+            await until(lambda: a.log.damaged_from == 5, 10, "the leader to find its damage")
+            assert a.position() == (1, 5)
+            await loop.stop()
+            await endpoint.stop()
+            b.log.append([Record(b"value-%d" % i) for i in range(5, 10)], 1)  # as B had fetched them
+            a.become_follower("B", 2)
+            b.become_leader("B", 2, 1, ("A", "B"), ("B",), min_isr=1, max_lag_time=30.0)
+            endpoint = LeaderEndpoint(nc, subjects, b, 1 << 20)
+            await endpoint.start()
+            loop = FollowerLoop(nc, subjects, a, "A", settings, no_report)
+            loop.start()
+            await until(lambda: a.log.damaged_from is None and a.log.next_offset == 10, 10, "A to fetch 5..9 again")
+            assert [e.value for e in a.log.read(0, 100)] == [b"value-%d" % i for i in range(10)]
+        finally:
+            await loop.stop()
+            await endpoint.stop()
+            a.close()
+            b.close()
+            await nc.close()
+    finally:
+        server.stop()

@@ -1,5 +1,6 @@
 """Opening a log after a crash or with damaged files."""
 
+import errno
 import logging
 import os
 import shutil
@@ -107,6 +108,142 @@ def test_torn_tail_of_a_fresh_segment_empties_it(tmp_path):
         assert last_segment.stat().st_size == 0
 
 
+# --- damage followed by intact entries: moved aside and reported, never cut silently ---------
+
+
+def index_positions(path: Path) -> list[int]:
+    data = path.read_bytes()
+    return [int.from_bytes(data[i + 4 : i + 8], "big") for i in range(0, len(data) - 7, 8)]
+
+
+def damage_in_active_segment(directory: Path, index: str) -> tuple[Path, int, int, int]:
+    """(segment, offset, start, end) of an entry of the active segment with intact entries after
+    it, that opening the log walks over: after the last index point, or anywhere without index."""
+    segment = segment_paths(directory)[-1]
+    bounds = entry_bounds(segment)
+    if index == "lost":
+        segment.with_suffix(".index").unlink()
+        return (segment, *bounds[len(bounds) // 2])
+    last_point = max(index_positions(segment.with_suffix(".index")), default=0)
+    after = [bound for bound in bounds if bound[1] >= last_point]
+    assert len(after) >= 2, "the entry must have intact entries after it"
+    return (segment, *after[0])
+
+
+def quarantine_files(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.glob("*.corrupt-*"))
+
+
+@pytest.mark.parametrize("index", ["kept", "lost"])
+def test_a_damaged_entry_followed_by_intact_ones_is_moved_aside_and_reported(tmp_path, caplog, index):
+    original = tmp_path / "original"
+    expected = build_log(original)
+    work = tmp_path / "work"
+    shutil.copytree(original, work)
+    segment, offset, start, _ = damage_in_active_segment(work, index)
+    flip_byte(segment, start + HEADER_SIZE + 2)  # in the body: the CRC catches it
+    damaged_bytes = segment.read_bytes()[start:]
+    with caplog.at_level(logging.ERROR), CommitLog.open(work, CONFIG) as log:
+        assert log.damaged_from == offset
+        assert log.next_offset == offset
+        assert log.high_watermark == offset - 1
+        assert log.read(0, max_entries=10_000) == expected[:offset]
+    name = f"{segment.name}.corrupt-{offset}"
+    assert quarantine_files(work) == [name]
+    assert (work / name).read_bytes() == damaged_bytes
+    assert segment.stat().st_size == start
+    assert name in caplog.text and str(offset) in caplog.text
+    assert all(record.levelno == logging.ERROR for record in caplog.records if name in record.getMessage())
+
+
+def test_a_flipped_byte_anywhere_in_a_middle_entry_is_never_cut_silently(tmp_path):
+    original = tmp_path / "original"
+    build_log(original)
+    segment = segment_paths(original)[-1]
+    bounds = entry_bounds(segment)
+    offset, start, end = bounds[len(bounds) // 2]
+    for position in range(start, end):
+        work = tmp_path / f"flip{position}"
+        shutil.copytree(original, work)
+        (work / segment.with_suffix(".index").name).unlink()  # opening walks the whole segment
+        flip_byte(work / segment.name, position)
+        with CommitLog.open(work, CONFIG) as log:
+            assert (log.next_offset, log.damaged_from) == (offset, offset), f"byte {position}"
+        assert quarantine_files(work) == [f"{segment.name}.corrupt-{offset}"]
+        shutil.rmtree(work)
+
+
+def test_the_log_is_whole_again_once_it_fetched_what_it_lost(tmp_path):
+    original = tmp_path / "original"
+    expected = build_log(original)
+    work = tmp_path / "work"
+    shutil.copytree(original, work)
+    segment, offset, start, _ = damage_in_active_segment(work, "lost")
+    flip_byte(segment, start + HEADER_SIZE + 2)
+    with CommitLog.open(original, CONFIG) as leader:
+        lost = leader.read_raw(offset, 1 << 20)
+    with CommitLog.open(work, CONFIG) as log:
+        assert log.damaged_from == offset
+        log.append_raw(lost)  # what a follower fetches from its leader
+        assert log.damaged_from is None
+        assert log.read(0, max_entries=10_000) == expected
+    with CommitLog.open(work, CONFIG) as log:  # the quarantine file stays, never read
+        assert log.damaged_from is None
+        assert log.read(0, max_entries=10_000) == expected
+    assert quarantine_files(work) == [f"{segment.name}.corrupt-{offset}"]
+
+
+def test_zeros_followed_by_intact_entries_are_moved_aside(tmp_path):
+    """A power cut can leave a page of the file unwritten (zeros) and a later page written."""
+    build_log(tmp_path)
+    segment, offset, start, end = damage_in_active_segment(tmp_path, "lost")
+    data = bytearray(segment.read_bytes())
+    data[start:end] = bytes(end - start)
+    segment.write_bytes(bytes(data))
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert (log.next_offset, log.damaged_from) == (offset, offset)
+    assert quarantine_files(tmp_path) == [f"{segment.name}.corrupt-{offset}"]
+
+
+@pytest.mark.parametrize("tail", ["zeros after the end", "last entries zeroed", "garbage after zeros"])
+def test_a_torn_tail_of_zeros_or_garbage_is_cut_without_a_report(tmp_path, tail):
+    expected = build_log(tmp_path)
+    segment = segment_paths(tmp_path)[-1]
+    bounds = entry_bounds(segment)
+    data = segment.read_bytes()
+    if tail == "zeros after the end":
+        kept, data = len(expected), data + bytes(50_000)
+    elif tail == "last entries zeroed":
+        kept, cut = bounds[-2][0], bounds[-2][1]
+        data = data[:cut] + bytes(len(data) - cut)
+    else:
+        kept, data = len(expected), data + bytes(3000) + os.urandom(3000)
+    segment.write_bytes(data)
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.next_offset == kept
+        assert log.damaged_from is None
+        assert log.read(0, max_entries=10_000) == expected[:kept]
+    assert quarantine_files(tmp_path) == []
+
+
+def test_a_full_disk_while_moving_damage_aside_leaves_the_segment_as_it_was(tmp_path, monkeypatch):
+    build_log(tmp_path)
+    segment, offset, start, _ = damage_in_active_segment(tmp_path, "lost")
+    flip_byte(segment, start + HEADER_SIZE + 2)
+    damaged = segment.read_bytes()
+
+    def write(fd, data, real=os.write):
+        if ".corrupt-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(OSError, match="No space"):
+        CommitLog.open(tmp_path, CONFIG)
+    assert segment.read_bytes() == damaged
+    assert quarantine_files(tmp_path) == []
+
+
 # --- corruption that must not be served -----------------------------------------------------
 
 
@@ -141,6 +278,65 @@ def test_damaged_first_entry_of_a_segment_ends_a_read_from_the_previous_one(tmp_
 
 def scan_offsets(raw: bytes) -> list[int]:
     return [offset for offset, *_ in scan(raw)]
+
+
+@pytest.mark.parametrize("field", ["body", "body size"])
+def test_a_read_that_meets_damage_in_an_older_segment_reports_its_first_offset(tmp_path, field):
+    expected = build_log(tmp_path)
+    segment = segment_paths(tmp_path)[0]
+    offset, start, _ = entry_bounds(segment)[2]
+    flip_byte(segment, start + (HEADER_SIZE + 3 if field == "body" else 25))
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.damaged_from is None  # opening does not read older segments
+        assert log.read(0, max_entries=2) == expected[:2]
+        with pytest.raises(CorruptEntry):
+            log.read(offset + 1 if field == "body size" else offset)  # a header no longer lines up
+        assert log.damaged_from == offset
+        # Repaired the way a follower is: truncated to the damage, then fetching from the leader.
+        log.truncate(offset)
+        assert log.damaged_from == offset
+        log.append_raw(b"".join(entry_bytes(expected[offset:])))
+        assert log.damaged_from is None
+        assert log.read(0, max_entries=10_000) == expected
+
+
+def entry_bytes(entries: list) -> list[bytes]:
+    from bascule.wire.entry import encode_entries
+
+    return [
+        encode_entries(e.offset, e.leader_epoch, [Record(e.value, e.key, e.headers, e.timestamp)], e.timestamp)[0]
+        for e in entries
+    ]
+
+
+def test_find_damage_checks_every_entry_of_every_segment(tmp_path):
+    build_log(tmp_path)
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.find_damage() is None
+        assert log.damaged_from is None
+    segment = segment_paths(tmp_path)[1]
+    offset, start, _ = entry_bounds(segment)[1]
+    flip_byte(segment, start + HEADER_SIZE + 1)
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.find_damage() == offset
+        assert log.damaged_from == offset
+
+
+@pytest.mark.parametrize("damage", ["lost its last entries", "emptied"])
+def test_an_older_segment_missing_entries_is_reported_not_served(tmp_path, damage):
+    expected = build_log(tmp_path)
+    segment = segment_paths(tmp_path)[0]
+    bounds = entry_bounds(segment)
+    missing_from, cut, _ = bounds[-2] if damage == "lost its last entries" else bounds[0]
+    os.truncate(segment, cut)
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        if missing_from:
+            assert log.read(0, max_entries=10_000) == expected[:missing_from]
+        with pytest.raises(CorruptEntry):
+            log.read(missing_from)
+        assert log.damaged_from == missing_from
+    with CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.find_damage() == missing_from
 
 
 def test_damaged_header_of_an_older_entry_is_never_served(tmp_path):
@@ -188,7 +384,13 @@ def test_index_of_an_older_segment_is_rebuilt_when_used(tmp_path):
     index = tmp_path / FIRST_INDEX
     good_index = index.read_bytes()
     assert len(segment_paths(tmp_path)) > 1 and len(good_index) > 8
-    for damage in (b"", os.urandom(len(good_index)), good_index + b"\xff" * 8):
+    for damage in (
+        b"",
+        os.urandom(len(good_index)),
+        good_index + b"\xff" * 8,  # a point past the log
+        good_index[:-8],  # truncated
+        good_index[:-3],  # a partial point
+    ):
         index.write_bytes(damage)
         with CommitLog.open(tmp_path, CONFIG) as log:
             for entry in expected:
@@ -259,13 +461,28 @@ def test_entries_of_an_epoch_the_checkpoint_missed_are_recorded(tmp_path):
 def test_leftover_files_are_removed(tmp_path):
     expected = build_log(tmp_path)
     (tmp_path / "leader-epoch-checkpoint.tmp").write_text("half")
+    (tmp_path / "replication-offset-checkpoint.tmp").write_text("1")
     (tmp_path / "00000000000000099999.index").write_bytes(b"\x00" * 8)
     (tmp_path / "notes.txt").write_text("kept")
+    (tmp_path / f"{FIRST_LOG}.corrupt-3").write_bytes(b"moved aside earlier")
+    (tmp_path / f"{FIRST_LOG}.corrupt-5.tmp").write_bytes(b"a quarantine cut short")
     with CommitLog.open(tmp_path, CONFIG) as log:
         assert log.read(0, max_entries=1000) == expected
+        assert log.damaged_from is None
     assert not (tmp_path / "leader-epoch-checkpoint.tmp").exists()
+    assert not (tmp_path / "replication-offset-checkpoint.tmp").exists()
     assert not (tmp_path / "00000000000000099999.index").exists()
+    assert not (tmp_path / f"{FIRST_LOG}.corrupt-5.tmp").exists()
     assert (tmp_path / "notes.txt").exists()
+    assert (tmp_path / f"{FIRST_LOG}.corrupt-3").read_bytes() == b"moved aside earlier"
+
+
+def test_high_watermark_checkpoint_past_the_log_end_is_lowered(tmp_path, caplog):
+    build_log(tmp_path, batches=2)  # offsets 0..5
+    (tmp_path / "replication-offset-checkpoint").write_text("40\n")
+    with caplog.at_level(logging.WARNING), CommitLog.open(tmp_path, CONFIG) as log:
+        assert log.high_watermark == 5
+    assert "past the log's end" in caplog.text
 
 
 # --- restart speed and a real crash -------------------------------------------------------

@@ -1,13 +1,17 @@
 """The replica shell on a real commit log, without a network: groups, outcomes and group commit."""
 
 import asyncio
+import errno
+import logging
+import os
+import threading
 import time
 
 import pytest
 
-from bascule.partition.log import CommitLog
-from bascule.partition.replica import NotLeader, PartitionReplica, SyncPolicy
-from bascule.wire.entry import Record
+from bascule.partition.log import CommitLog, LogFailed
+from bascule.partition.replica import NotLeader, PartitionReplica, ReplicaFailed, SyncPolicy
+from bascule.wire.entry import CorruptEntry, Record
 
 pytestmark = pytest.mark.anyio
 
@@ -136,3 +140,185 @@ async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and
     finally:
         leader_replica.close()
         follower_replica.close()
+
+
+# ---- disk failures -------------------------------------------------------------------------------
+
+
+def _fd_name(fd: int) -> str:
+    return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+
+def _fail_fsyncs_once(monkeypatch, suffix: str, entered=None, release=None) -> None:
+    """The next fsync of a file named ``*suffix`` raises EIO (after waiting for ``release``)."""
+    failed = []
+
+    def fsync(fd: int, real=os.fsync) -> None:
+        if not failed and _fd_name(fd).endswith(suffix):
+            failed.append(fd)
+            if entered is not None:
+                entered.set()
+                release.wait(5)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+async def test_a_failed_group_commit_fsync_fails_every_waiter_and_the_replica(tmp_path, monkeypatch, caplog):
+    """fsyncgate: after a failed fsync the kernel may have dropped the pages it could not write, so
+    a later fsync that succeeds proves nothing. The batch being synced, the writes waiting for the
+    next sync and the writes waiting for their commit all fail; none is ever acknowledged."""
+    replica = leader(tmp_path, SyncPolicy(always=True), replicas=("me", "other"))  # HW waits for "other"
+    outcomes = {}
+
+    def outcome(name):
+        return lambda offset, error: outcomes.setdefault(name, (offset, error))
+
+    try:
+        replica.submit([Record(b"w0")], outcome("w0"))
+        await until(lambda: "w0" in outcomes)
+        assert outcomes.pop("w0") == (0, None)  # on this disk; committed once "other" has it
+        replica.when_committed(0, outcome("commit of w0"))
+        entered, release = threading.Event(), threading.Event()
+        _fail_fsyncs_once(monkeypatch, ".log", entered, release)
+        replica.submit([Record(b"a")], outcome("a"))
+        await until(entered.is_set)  # a's fsync is running, and will fail
+        replica.submit([Record(b"b")], outcome("b"))
+        await until(lambda: replica.log.next_offset == 3)  # b written, waiting for the next fsync
+        with caplog.at_level(logging.ERROR):
+            release.set()
+            await until(lambda: len(outcomes) == 3)
+            await asyncio.sleep(0.05)  # nothing turns a failure into an ack later
+        for name in ("commit of w0", "a", "b"):
+            offset, error = outcomes[name]
+            assert offset is None and isinstance(error, ReplicaFailed), name
+            assert isinstance(error.__cause__, LogFailed) and error.__cause__.errno == errno.EIO
+        assert isinstance(replica.failed, LogFailed) and replica.failed.errno == errno.EIO
+        assert not replica.is_leader
+        with pytest.raises(ReplicaFailed):
+            replica.submit([Record(b"c")])
+        with pytest.raises(ReplicaFailed):
+            replica.become_leader("me", 1, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+        assert replica.serve_fetch("other", 1, 0, 1 << 20) == b""
+        assert any(r.levelno == logging.ERROR and "s/0" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        replica.close()
+
+
+async def test_a_failed_periodic_sync_fails_the_replica(tmp_path, monkeypatch):
+    replica = leader(tmp_path, SyncPolicy(interval=1.0))
+    try:
+        replica.submit([Record(b"a")])
+        await until(lambda: replica.high_watermark == 0)
+        _fail_fsyncs_once(monkeypatch, ".log")
+        with pytest.raises(ReplicaFailed):
+            replica.sync()
+        with pytest.raises(ReplicaFailed):
+            replica.sync()  # fsync works again: the failure stands
+        with pytest.raises(ReplicaFailed):
+            replica.submit([Record(b"b")])
+        assert isinstance(replica.failed, LogFailed) and replica.failed.errno == errno.EIO
+    finally:
+        replica.close()
+
+
+async def test_a_full_disk_fails_one_append_and_the_replica_goes_on(tmp_path, monkeypatch):
+    replica = leader(tmp_path, SyncPolicy())
+    outcomes = []
+    real_write = os.write
+
+    def write(fd, data):
+        if not outcomes and _fd_name(fd).endswith(".log"):
+            real_write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    try:
+        replica.submit([Record(b"a")], lambda offset, error: outcomes.append((offset, error)))
+        await until(lambda: outcomes)
+        assert outcomes[0][0] is None and outcomes[0][1].errno == errno.ENOSPC
+        replica.submit([Record(b"b")], lambda offset, error: outcomes.append((offset, error)))
+        await until(lambda: len(outcomes) == 2)
+        assert outcomes[1] == (0, None)
+        assert replica.failed is None
+        assert [entry.value for entry in replica.read_committed(0, 10)] == [b"b"]
+    finally:
+        replica.close()
+
+
+async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypatch):
+    """A failed replica's follower must not go on fetching (the leader would count its log end)."""
+    from bascule.partition.follower import FollowerLoop, FollowerSettings
+    from bascule.partition.subjects import Subjects
+
+    class LeaderNotAnswering:
+        async def request(self, subject, payload, timeout):
+            await asyncio.sleep(0.01)
+            raise asyncio.TimeoutError
+
+    async def report_leader(*_):
+        pass
+
+    replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), SyncPolicy(interval=1.0), time.monotonic)
+    replica.log.append([Record(b"a")], 0)
+    replica.become_follower("L", 0)
+    loop = FollowerLoop(LeaderNotAnswering(), Subjects("t"), replica, "F", FollowerSettings(1.0, 3.0, 1.0), report_leader)
+    loop.start()
+    try:
+        await asyncio.sleep(0.05)
+        _fail_fsyncs_once(monkeypatch, ".log")
+        with pytest.raises(ReplicaFailed):
+            replica.sync()
+        await asyncio.wait_for(asyncio.shield(loop._task), 2)
+    finally:
+        await loop.stop()
+        replica.close()
+
+
+def _rot_entry(directory, value: bytes) -> None:
+    segment = next(directory.glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[data.index(value)] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
+async def test_a_leader_asked_again_for_a_damaged_entry_finds_and_records_the_damage(tmp_path):
+    """Fetches are served without CRC checks; the follower rejects the damaged entry and asks
+    again, and that second read is checked: it raises and the log knows where it is damaged,
+    so this replica's election position ends there."""
+    replica = leader(tmp_path, SyncPolicy(), replicas=("me", "F"))
+    try:
+        replica.submit([Record(b"value-%d" % i) for i in range(10)])
+        await until(lambda: replica.log.next_offset == 10)
+        replica.log.sync()
+        _rot_entry(tmp_path / "p", b"value-5")
+        assert replica.serve_fetch("F", 5, 0, 1 << 20)  # unchecked: the follower finds the damage
+        with pytest.raises(CorruptEntry):
+            replica.serve_fetch("F", 5, 0, 1 << 20)
+        assert replica.log.damaged_from == 5
+        assert replica.position() == (0, 5)
+    finally:
+        replica.close()
+
+
+async def test_a_follower_cuts_its_log_at_its_damage_and_grows_past_it_again(tmp_path):
+    replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), SyncPolicy(), time.monotonic)
+    try:
+        replica.log.append([Record(b"value-%d" % i) for i in range(10)], 1)
+        replica.log.high_watermark = 9
+        replica.log.sync()
+        _rot_entry(tmp_path / "p", b"value-3")
+        with pytest.raises(CorruptEntry):
+            replica.read_committed(3, 10)
+        assert replica.log.damaged_from == 3
+        assert replica.cut_damage() == 3
+        assert replica.log.next_offset == 3 and replica.cut_damage() is None
+        assert replica.log.damaged_from == 3  # still missing until fetched again
+        replica.log.append([Record(b"again-%d" % i) for i in range(3, 10)], 1)
+        assert replica.log.damaged_from is None
+        assert replica.position() == (1, 10)
+    finally:
+        replica.close()

@@ -311,3 +311,16 @@ def test_take_waiting_returns_idle_followers_once():
     tracker.record_fetch("b", 5, 1, now=1)  # caught up: an empty response, then it idles
     assert tracker.take_waiting() == ["b"]
     assert tracker.take_waiting() == []
+
+
+def test_a_follower_asking_again_for_what_it_was_sent_is_seen():
+    """A follower whose answer was lost or damaged asks for the same offset again: the leader then
+    reads with CRC checks (it skips them otherwise)."""
+    t = tracker(leo=10, hw=4)
+    assert not t.asks_again("F", 5)  # never fetched
+    assert t.record_fetch("F", 5, 7, 1.0)
+    assert t.asks_again("F", 5)  # there was data from 5 and it is back for it
+    assert not t.asks_again("F", 8)  # it made progress
+    assert t.record_fetch("F", 10, 7, 2.0)
+    assert not t.asks_again("F", 10)  # caught up, nothing was sent
+    assert not t.asks_again("X", 5)

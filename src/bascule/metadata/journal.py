@@ -38,6 +38,8 @@ from pysyncobj.journal import (
 )
 from pysyncobj.pickle import dumps, loads, to_bytes
 
+from bascule import durable
+
 Entry = tuple[bytes, int, int]  # command, Raft index, term
 
 _U32 = struct.Struct("<I")  # the header's end of the last record, and each record's size
@@ -92,7 +94,7 @@ class DurableFileJournal(Journal):
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Drop the prefix (a compaction; the full dump holds it) by writing the rest to a new file: one
         fsync for all the entries kept, and a crash half-way leaves the old journal whole."""
-        _write_durably(self._path, _journal_bytes(self._entries[entryTo:]))
+        durable.write_atomically(self._path, _journal_bytes(self._entries[entryTo:]))
         os.close(self._fd)
         self._fd = os.open(self._path, os.O_RDWR)
         self._entries, self._offsets, self._end = _parse(_read_all(self._fd), self._path)
@@ -137,7 +139,7 @@ class DurableFileJournal(Journal):
             self._store_meta()
 
     def _store_meta(self) -> None:
-        _write_durably(self._meta_path, dumps(self._meta))
+        durable.write_atomically(self._meta_path, dumps(self._meta))
         self._meta_saved = True
 
 
@@ -215,31 +217,11 @@ def _load_meta(path: str) -> dict[str, Any]:
 
 
 def _create_journal_file(path: str) -> None:
-    _write_durably(path, _header(FIRST_RECORD_OFFSET))
+    durable.write_atomically(path, _header(FIRST_RECORD_OFFSET))
     # The raft directory is usually as new as its journal: its own entry must be durable too.
-    _fsync_directory(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    durable.sync_directory(os.path.dirname(os.path.dirname(os.path.abspath(path))))
 
 
-def _write_durably(path: str, data: bytes) -> None:
-    """Replace `path` by `data` atomically and durably."""
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as file:
-        file.write(data)
-    replace_durably(temporary, path)
-
-
-def replace_durably(source: str, target: str) -> None:
-    """Rename `source` over `target`, its content on disk before the rename and the rename on disk
-    before returning (pysyncobj's atomicReplace, which its serializer uses for the full dump)."""
-    with open(source, "rb") as file:
-        os.fsync(file.fileno())
-    os.replace(source, target)
-    _fsync_directory(os.path.dirname(os.path.abspath(target)))
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# Rename `source` over `target`, its content on disk before the rename and the rename on disk before
+# returning: pysyncobj's atomicReplace, which its serializer uses for the full dump.
+replace_durably = durable.replace

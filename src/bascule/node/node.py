@@ -24,6 +24,7 @@ import msgpack
 import nats
 from nats.aio.msg import Msg
 
+from bascule import durable
 from bascule.metadata.election import Position, Role, replica_role
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
@@ -183,7 +184,7 @@ class Node:
         if id_file.exists():
             return id_file.read_text().strip()
         generated = uuid.uuid4().hex[:16]
-        id_file.write_text(generated + "\n")
+        durable.write_atomically(id_file, generated + "\n")
         return generated
 
     def _raft_address(self) -> str:
@@ -196,7 +197,7 @@ class Node:
         with socket.socket() as probe:
             probe.bind((host, 0))
             address = f"{host}:{probe.getsockname()[1]}"
-        address_file.write_text(address + "\n")
+        durable.write_atomically(address_file, address + "\n")
         return address
 
     async def _raft_peers(self, raft_address: str) -> list[str]:
@@ -212,7 +213,7 @@ class Node:
             return []
         members = await join_cluster(self.nats, self.subjects, raft_address, self._stopping)
         peers_file.parent.mkdir(parents=True, exist_ok=True)
-        peers_file.write_text("\n".join(members) + "\n")
+        durable.write_atomically(peers_file, "\n".join(members) + "\n")
         return [m for m in members if m != raft_address]
 
     def _spawn(self, coro: Any) -> asyncio.Task:
@@ -636,11 +637,12 @@ class Node:
             await self.nats.publish(msg.reply, msgpack.packb(view, use_bin_type=True))
 
     def replica_report(self) -> dict[str, tuple[int, int, int]]:
-        """"stream/partition" -> (log end offset, HW, epoch of the last entry) of every replica on this node."""
+        """"stream/partition" -> (log end offset, HW, epoch of the last entry) of every sound replica on
+        this node, as elections compare them (a damaged log ends at its damage; a failed one is left out)."""
         return {
-            f"{stream}/{pid}": (local.replica.log.next_offset, local.replica.high_watermark, local.replica.position()[0])
+            f"{stream}/{pid}": _report_of(local.replica)
             for (stream, pid), local in self.partitions.items()
-            if local.started and not local.replica.closed
+            if local.started and not local.replica.closed and local.replica.failed is None
         }
 
     async def _on_replicas_request(self, msg: Msg) -> None:
@@ -816,6 +818,11 @@ class Node:
 
     def local_partition(self, stream: str, partition: int) -> LocalPartition | None:
         return self.partitions.get((stream, partition))
+
+
+def _report_of(replica: PartitionReplica) -> tuple[int, int, int]:
+    last_epoch, log_end = replica.position()
+    return log_end, replica.high_watermark, last_epoch
 
 
 def _copy_partition(p: Partition) -> Partition:

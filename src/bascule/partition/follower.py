@@ -94,32 +94,48 @@ class FollowerLoop:
     async def _run(self) -> None:
         """Follow until stopped. A failure of the loop is logged and the loop starts again from
         what the log holds (a new machine truncates through the leader first): a follower that
-        silently stopped fetching would stay in the ISR until its lag showed, and never catch up."""
+        silently stopped fetching would stay in the ISR until its lag showed, and never catch up.
+        Only a failed replica (``PartitionReplica.failed``) ends the loop: the node closes it."""
         while not self._stopping and not self.replica.closed:
+            if self.replica.failed is not None:
+                # Not a loop failure to retry: its log takes no more writes, and fetching on would
+                # let the leader count this replica's log end as in sync.
+                log.error("%s/%s: the follower stops, its replica failed: %s",
+                          self.replica.stream, self.replica.partition, self.replica.failed)
+                return
             try:
                 await self._follow()
             except Exception:
                 if self._stopping or self.replica.closed:
                     return
+                if self.replica.failed is not None:
+                    continue
                 log.exception("%s/%s: the follower loop failed; it starts again from the log in %.1f s",
                               self.replica.stream, self.replica.partition, RESTART_PAUSE)
                 await asyncio.sleep(RESTART_PAUSE)
 
     async def _follow(self) -> None:
+        """One run of the follower machine, from what the log holds now. It ends (and ``_run``
+        starts the next) when the log is found damaged: what follows the damage is fetched again."""
         replica, clock = self.replica, self.replica.clock
+        replica.cut_damage()
         follower = machine.Follower(
             self.server_id, self.leader, self.leader_epoch, replica.log.epochs,
             replica.log.next_offset, replica.log.high_watermark, clock(),
             log_start_offset=replica.log.oldest_offset, config=self.settings.machine_config(),
         )
         actions = follower.start()
-        while not self._stopping:
+        while not self._stopping and self.replica.failed is None and not self._damaged():
             next_actions: list[machine.Action] = []
             for action in actions:
                 next_actions += await self._carry_out(follower, action)
             if not next_actions:
                 next_actions = await self._wait(follower, follower.next_deadline())
             actions = next_actions
+
+    def _damaged(self) -> bool:
+        damaged = self.replica.log.damaged_from
+        return damaged is not None and damaged < self.replica.log.next_offset
 
     async def _carry_out(self, follower: machine.Follower, action: machine.Action) -> list[machine.Action]:
         replica = self.replica

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable
 
-from bascule.partition.log import CommitLog
+from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
 from bascule.wire.entry import Entry, Record, WalkedEntry
@@ -30,6 +30,11 @@ class NotLeader(Exception):
 
 class PartitionClosed(Exception):
     pass
+
+
+class ReplicaFailed(PartitionClosed):
+    """The replica's log failed (``PartitionReplica.failed`` says why, also its ``__cause__``): it
+    takes no more writes, leads no more, and acknowledged nothing its log could not vouch for."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class PartitionReplica:
         self._syncing = False
         self._data_changed = asyncio.Event()
         self._closed = False
+        self._failure: BaseException | None = None  # a sync that failed other than by LogFailed
+        self._failure_reported = False
         # Looked up once: asyncio.get_running_loop() costs about half a microsecond, per message here.
         self._loop = asyncio.get_running_loop()
 
@@ -100,6 +107,35 @@ class PartitionReplica:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def failed(self) -> BaseException | None:
+        """Why this replica takes no more writes, None while it is sound: its log's LogFailed (an
+        fsync failed, or a failed write could not be undone), or whatever else a sync raised.
+        A failed replica has failed every write not yet acknowledged and stopped leading; what
+        to do with it (close it, leave the ISR) is the node's decision."""
+        return self._failure or self.log.failure
+
+    def _failed_error(self) -> ReplicaFailed:
+        cause = self.failed
+        error = ReplicaFailed(f"{self.stream}/{self.partition} failed and takes no more writes: {cause}")
+        error.__cause__ = cause
+        return error
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop for good after a failed sync or a failed log: fail every write and ack waiting,
+        and stop leading (followers then get nothing and report this leader). Nothing written
+        since the last good fsync may ever be acknowledged: a later fsync that succeeds does not
+        prove the pages the failed one could not write ever reach the disk."""
+        if self.failed is None:
+            self._failure = error  # a LogFailed is the log's failure already
+        if not self._failure_reported:
+            self._failure_reported = True
+            log.error("%s/%s failed, it takes no more writes and stops leading: %s",
+                      self.stream, self.partition, error)
+        self._fail_pending(self._failed_error())
+        self.leadership = None
+        self._wake_readers()
+
     # ---- roles -------------------------------------------------------------------------------
 
     @property
@@ -111,6 +147,8 @@ class PartitionReplica:
         isr: Iterable[str], min_isr: int, max_lag_time: float,
     ) -> None:
         """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR and min ISR."""
+        if self.failed is not None:
+            raise self._failed_error()
         if leader_epoch <= self.fenced_epoch:
             return  # this node's metadata is behind: a follower already follows a newer leader
         now = self.clock()
@@ -161,6 +199,8 @@ class PartitionReplica:
         messages is one group with one outcome: a callback per message costs more than its append."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
+        if self.failed is not None:
+            raise self._failed_error()
         if self.tracker is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
         if on_written is not None:
@@ -182,7 +222,12 @@ class PartitionReplica:
             return
         try:
             first, _ = self.log.append(records, self.leader_epoch)
+        except LogFailed as exc:
+            self._awaiting_sync[:0] = outcomes  # failed first, with everything else
+            self._fail(exc)
+            return
         except Exception as exc:
+            # The log is as it was (a full disk, say): these writes failed, later ones may not.
             log.exception("append to %s/%s failed", self.stream, self.partition)
             for _, on_written in outcomes:
                 on_written(None, exc)
@@ -216,12 +261,16 @@ class PartitionReplica:
     def _start_sync(self) -> None:
         """Group commit: one fsync, in a thread, covers everything written before it started;
         records written meanwhile wait for the next one."""
-        if self._syncing or not self._sync_due:
+        if self._syncing or not self._sync_due or self.failed is not None:
             return
         self._syncing, self._sync_due = True, False
         batch, self._awaiting_sync = self._awaiting_sync, []
         durable_end = self.log.next_offset
-        job = self._loop.run_in_executor(None, self.log.begin_sync())
+        try:
+            job = self._loop.run_in_executor(None, self.log.begin_sync())
+        except Exception as exc:  # the log failed already (LogFailed): the same path as a failed fsync
+            job = self._loop.create_future()
+            job.set_exception(exc)
         job.add_done_callback(partial(self._synced, self.leadership, batch, durable_end))
 
     def _synced(
@@ -229,10 +278,17 @@ class PartitionReplica:
         job: asyncio.Future,
     ) -> None:
         self._syncing = False
-        error = job.exception()
+        if job.cancelled():  # the loop is shutting down: the fsync's outcome is unknown
+            error: BaseException | None = PartitionClosed(f"{self.stream}/{self.partition} closed")
+        else:
+            error = job.exception()
+            if error is not None and not self._closed:
+                # Never retried: this batch, and every write after it, fails (see _fail).
+                self._awaiting_sync[:0] = batch
+                self._fail(error)
+                return
         if error is not None or self._closed or leadership is None:
             error = error or PartitionClosed(f"{self.stream}/{self.partition} closed")
-            log.error("fsync of %s/%s failed: %s", self.stream, self.partition, error)
             for _, on_written in batch:
                 on_written(None, error)
         else:
@@ -243,7 +299,10 @@ class PartitionReplica:
         """Entries for a follower that has everything below ``log_end_offset``; b"" when caught up
         or when the request is not one this leadership serves (wrong epoch, unknown replica)."""
         tracker = self.tracker
-        if tracker is None or not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
+        if tracker is None:
+            return b""
+        asked_again = tracker.asks_again(replica_id, log_end_offset)
+        if not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
             return b""
         self._publish_high_watermark()
         # Only what is durable here (under ``always``) goes to followers: a follower never gets
@@ -254,8 +313,10 @@ class PartitionReplica:
         available = tracker.leader_log_end - start
         if available <= 0:
             return b""
-        # Followers check every entry's CRC as they receive it: no need to check here too.
-        return self.log.read_raw(start, max_bytes, check_crc=False, max_entries=available)
+        # Followers check every entry's CRC as they receive it: no need to check here too, unless
+        # a follower asks again for what it was sent, which is what it does when the entry there
+        # was damaged. The checked read then raises CorruptEntry and the log records the damage.
+        return self.log.read_raw(start, max_bytes, check_crc=asked_again, max_entries=available)
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""
@@ -276,8 +337,11 @@ class PartitionReplica:
             self._publish_high_watermark()
 
     def position(self) -> tuple[int, int]:
-        """(epoch of the last entry or -1, log end offset): what elections compare."""
+        """(epoch of the last entry or -1, log end offset): what elections compare. A log with
+        damage holds only what precedes it: it must not win an election over a whole one."""
         end = self.log.next_offset
+        if self.log.damaged_from is not None:
+            end = min(end, self.log.damaged_from)
         return (self.log.epochs.epoch_at(end - 1) if end else -1), end
 
     def _publish_high_watermark(self) -> None:
@@ -296,6 +360,8 @@ class PartitionReplica:
         leadership is lost first."""
         if offset <= self.log.high_watermark:
             on_committed(offset, None)
+        elif self.failed is not None:
+            on_committed(None, self._failed_error())
         elif self.leadership is None:
             on_committed(None, NotLeader(f"not the leader of {self.stream}/{self.partition}"))
         else:
@@ -309,11 +375,24 @@ class PartitionReplica:
     # ---- follower: applying the Follower machine's actions -------------------------------------
 
     def append_replicated(self, data: bytes, walked: list[WalkedEntry]) -> None:
+        """Raises LogFailed once the log failed (the follower loop then stops)."""
         self.log.append_raw(data, walked)
 
     def truncate(self, end_offset: int) -> None:
         self.log.truncate(end_offset)
         self._wake_readers()
+
+    def cut_damage(self) -> int | None:
+        """As a follower: truncate the log at its first damaged entry, if it still holds one,
+        so that the damaged entry and everything after it are fetched again from the leader.
+        Returns the offset cut at, None if there was nothing to cut."""
+        damaged = self.log.damaged_from
+        if damaged is None or damaged >= self.log.next_offset:
+            return None
+        log.warning("%s/%s: cutting the log at its damaged entry %d to fetch it again from the leader",
+                    self.stream, self.partition, damaged)
+        self.truncate(damaged)
+        return damaged
 
     def restart_log(self, start_offset: int) -> None:
         self.log.restart_at(start_offset)
@@ -353,7 +432,15 @@ class PartitionReplica:
         return self.log.read_raw(offset, max_bytes, max_entries=hw - offset + 1)
 
     def sync(self) -> None:
-        self.log.sync()
+        """fsync the log (the ``interval`` sync policy); a failure fails the replica and raises
+        ReplicaFailed."""
+        if self.failed is not None:
+            raise self._failed_error()
+        try:
+            self.log.sync()
+        except LogFailed as exc:
+            self._fail(exc)
+            raise self._failed_error() from exc
 
     def _fail_pending(self, error: Exception) -> None:
         if self.leadership is not None:
@@ -370,8 +457,13 @@ class PartitionReplica:
         self._fail_pending(PartitionClosed(f"{self.stream}/{self.partition} closed"))
         self.leadership = None
         self._wake_readers()
-        self.log.checkpoint_high_watermark()
-        self.log.close()
+        try:
+            self.log.checkpoint_high_watermark()
+        finally:
+            try:
+                self.log.close()
+            except LogFailed:
+                pass  # logged as it failed; closing a replica must close its files all the same
 
 
 def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:

@@ -1,6 +1,6 @@
 """A partition's commit log: segments, sparse index, leader-epoch history, checkpoints."""
 
-from bascule.partition.log.commitlog import CommitLog, LogConfig, OffsetOutOfRange
+from bascule.partition.log.commitlog import CommitLog, LogConfig, LogFailed, OffsetOutOfRange
 from bascule.partition.log.epochs import EpochHistory
 from bascule.wire.entry import CorruptEntry, Entry, Record
 
@@ -10,6 +10,7 @@ __all__ = [
     "Entry",
     "EpochHistory",
     "LogConfig",
+    "LogFailed",
     "OffsetOutOfRange",
     "Record",
 ]

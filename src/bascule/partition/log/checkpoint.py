@@ -1,20 +1,19 @@
 """Small checkpoint files of a partition: the leader-epoch history and the high watermark.
 
-Both are text, rewritten whole through a temporary file and a rename so that a crash leaves
-either the old or the new contents, never a mix.
+Both are text, rewritten whole through ``bascule.durable`` (a temporary file, fsync, rename) so
+that a crash leaves either the old or the new contents, never a mix.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from bascule.durable import write_atomically
 from bascule.partition.log.epochs import EpochHistory
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
-TEMPORARY_SUFFIX = ".tmp"
 
 logger = logging.getLogger(__name__)
 
@@ -49,26 +48,6 @@ def parse_high_watermark(text: str) -> int:
 
 
 # --- files ----------------------------------------------------------------------------------
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` durably: write a temporary file, fsync, rename, fsync dir."""
-    temporary = path.with_name(path.name + TEMPORARY_SUFFIX)
-    with open(temporary, "w", encoding="ascii") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    sync_directory(path.parent)
-
-
-def sync_directory(directory: Path) -> None:
-    """Make file creations, renames and deletions in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_epochs(directory: Path) -> EpochHistory | None:

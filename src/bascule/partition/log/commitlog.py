@@ -1,7 +1,15 @@
 """The commit log of one partition: an ordered run of segments plus its two checkpoints.
 
 Single-threaded by design (the asyncio loop): reads may interleave freely with appends, and
-see every byte appended before them.
+see every byte appended before them. Only the callable ``begin_sync`` returns runs elsewhere.
+
+Disk errors come in two kinds. A write that fails (a full disk) is undone: the log ends where
+it did and the OSError is raised, so a retry appends once. A failed fsync cannot be undone: the
+kernel may already have dropped the pages it could not write and marked them clean, so a later
+fsync that succeeds proves nothing about them (PostgreSQL's "fsyncgate"). The log is then
+failed for good: every later write and sync raises LogFailed, and nothing written since the last
+good fsync may be acknowledged. Damage found on disk (see ``damaged_from``) is reported, never
+served.
 """
 
 from __future__ import annotations
@@ -16,16 +24,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from bascule import durable
 from bascule.partition.log import checkpoint
 from bascule.partition.log.epochs import EpochHistory
 from bascule.partition.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    PartialWriteLeft,
     Segment,
     parse_segment_name,
     segment_name,
 )
-from bascule.wire.entry import Entry, Record, WalkedEntry, decode_entries, encode_entries, scan
+from bascule.wire.entry import (
+    CorruptEntry,
+    Entry,
+    Record,
+    WalkedEntry,
+    decode_entries,
+    encode_entries,
+    scan,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +60,20 @@ class OffsetOutOfRange(Exception):
         self.offset = offset
         self.oldest_offset = oldest_offset
         self.next_offset = next_offset
+
+
+class LogFailed(OSError):
+    """The log can no longer vouch for its files: an fsync failed, or a failed write could not be
+    undone. It keeps the errno of the error that failed it. Raised by every append, sync and
+    truncation from then on; the replica must be closed and its data fetched again."""
+
+    def __init__(self, directory: Path, what: str, cause: OSError) -> None:
+        super().__init__(
+            cause.errno,
+            f"the commit log failed ({what}: {cause.strerror or cause}); nothing written to it "
+            "since its last good fsync can be trusted, and it takes no more writes",
+            str(directory),
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +131,17 @@ class _CheckpointedEpochHistory(EpochHistory):
     def save(self) -> None:
         checkpoint.write_epochs(self._directory, self)
 
+    def restore(self, entries: list[tuple[int, int]]) -> None:
+        """Put back ``entries`` after an append that changed them failed. A checkpoint that cannot
+        be rewritten may stay ahead of the data: opening the log cuts it back."""
+        if entries == self.entries:
+            return
+        self._entries = list(entries)
+        try:
+            self.save()
+        except OSError as error:
+            logger.warning("could not restore the leader-epoch checkpoint of %s: %s", self._directory, error)
+
 
 class CommitLog:
     """Append-only log of entries at consecutive offsets, split into segment files."""
@@ -120,6 +163,9 @@ class CommitLog:
         self._last_timestamp = 0
         self._directory_unsynced = False
         self._closed = False
+        self._failure: LogFailed | None = None
+        self._damaged_from: int | None = None
+        self._damage_cut_off = False  # the damaged entries are out of the log, only missing
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -147,6 +193,8 @@ class CommitLog:
         log._last_timestamp = log._timestamp_of_last_entry()
         log._load_epochs(tail.epoch_starts if tail else [])
         log._load_high_watermark()
+        if tail is not None and tail.damaged_from is not None:
+            log._record_damage(tail.damaged_from, cut_off=True)
         return log
 
     def _load_epochs(self, tail_epoch_starts: list[tuple[int, int]]) -> None:
@@ -215,6 +263,21 @@ class CommitLog:
         return self._epochs
 
     @property
+    def failure(self) -> LogFailed | None:
+        """Why the log takes no more writes (see LogFailed), None while it is sound."""
+        return self._failure
+
+    @property
+    def damaged_from(self) -> int | None:
+        """The first offset whose entry this log lost to damage on disk and has not got back, None
+        if it lost none. Set when opening moved a damaged stretch aside (the log now ends there),
+        or when a read or ``find_damage`` met a damaged entry (still in the log, unreadable).
+        Cleared once the damaged entries are truncated away and the log has grown past the offset
+        again (a follower re-fetched them), or retention removed them. A replica with damage must
+        not lead: it may lack committed entries that other replicas have."""
+        return self._damaged_from
+
+    @property
     def high_watermark(self) -> int:
         return self._high_watermark
 
@@ -225,6 +288,10 @@ class CommitLog:
         self._high_watermark = offset
 
     def checkpoint_high_watermark(self) -> None:
+        # A failed log keeps its last checkpoint: the HW in memory may cover data that never
+        # reached the disk.
+        if self._failure is not None:
+            return
         if self._high_watermark != self._checkpointed_high_watermark:
             checkpoint.write_high_watermark(self.directory, self._high_watermark)
             self._checkpointed_high_watermark = self._high_watermark
@@ -242,6 +309,7 @@ class CommitLog:
         """
         if not records:
             raise ValueError("nothing to append")
+        self._check_not_failed()
         self._check_epoch_is_current(leader_epoch)
         now = max(self._clock(), self._last_timestamp)
         first_offset = self.next_offset
@@ -257,6 +325,7 @@ class CommitLog:
         appended (CorruptEntry, ValueError). Returns the new ``next_offset``. ``walked`` is
         ``list(scan(data))`` when the caller already has it (checked), saving a second pass.
         """
+        self._check_not_failed()
         entries = list(scan(data)) if walked is None else walked
         expected_offset = self.next_offset
         latest_epoch = self._epochs.latest_epoch
@@ -287,12 +356,24 @@ class CommitLog:
     def _write(
         self, data: bytes, entries: list[WalkedEntry], epoch_starts: list[tuple[int, int]]
     ) -> None:
-        self._roll_if_due(len(data), len(entries))
-        for epoch, start_offset in epoch_starts:
-            self._epochs.assign(epoch, start_offset)  # checkpointed before the data it describes
-        active = self._active
-        active.append(data, entries)
+        """All or nothing: an OSError leaves the log as it was (the segment cuts off what part of
+        the write reached it), so a writer may retry without duplicating entries."""
+        epochs_before = self._epochs.entries
+        try:
+            self._roll_if_due(len(data), len(entries))
+            for epoch, start_offset in epoch_starts:
+                self._epochs.assign(epoch, start_offset)  # checkpointed before the data it describes
+            self._active.append(data, entries)
+        except PartialWriteLeft as error:
+            raise self._fail("cutting off a failed append", error)
+        except OSError:
+            self._epochs.restore(epochs_before)
+            raise
         self._last_timestamp = max(self._last_timestamp, entries[-1][2])
+        damaged_from = self._damaged_from
+        if self._damage_cut_off and damaged_from is not None and self.next_offset > damaged_from:
+            logger.info("%s holds offset %d again: its damage is repaired", self.directory, damaged_from)
+            self._damaged_from = None
 
     def _roll_if_due(self, incoming_bytes: int, incoming_entries: int) -> None:
         active = self._active
@@ -333,13 +414,17 @@ class CommitLog:
         remaining_bytes = max_bytes
         remaining_entries = max_entries
         for segment in self._segments[self._segment_index_for(offset) :]:
-            chunk, count = segment.read_entries(
-                offset,
-                remaining_bytes,
-                remaining_entries,
-                at_least_one=not parts,
-                check_crc=check_crc,
-            )
+            try:
+                chunk, count = segment.read_entries(
+                    offset,
+                    remaining_bytes,
+                    remaining_entries,
+                    at_least_one=not parts,
+                    check_crc=check_crc,
+                )
+            except CorruptEntry:
+                self._note_damage_in(segment, offset)
+                raise
             if chunk:
                 parts.append(chunk)
             offset += count
@@ -348,6 +433,38 @@ class CommitLog:
             if offset < segment.next_offset or remaining_bytes <= 0 or remaining_entries == 0:
                 break
         return b"".join(parts)
+
+    def _note_damage_in(self, segment: Segment, offset: int) -> None:
+        """A read from ``offset`` met damage: find and record its first damaged entry (a reader
+        may stumble on it a few entries later, where an entry header no longer lines up)."""
+        if self._damaged_from is not None and self._damaged_from <= offset:
+            return
+        damaged = segment.first_damaged_offset(until_offset=offset)
+        self._record_damage(offset if damaged is None else damaged, cut_off=False)
+
+    def find_damage(self) -> int | None:
+        """CRC-check every entry of every segment (opening checks only the active segment's tail);
+        record and return the first damaged or missing offset, None if there is none. Reads the
+        whole log: call it from the thread that owns the log, or before the log is in use."""
+        for segment in self._segments:
+            damaged = segment.first_damaged_offset()
+            if damaged is not None:
+                if self._damaged_from is None or damaged < self._damaged_from:
+                    self._record_damage(damaged, cut_off=False)
+                return damaged
+        return None
+
+    def _record_damage(self, offset: int, cut_off: bool) -> None:
+        if self._damaged_from is not None and self._damaged_from <= offset:
+            return
+        self._damaged_from, self._damage_cut_off = offset, cut_off
+        logger.error(
+            "the log in %s lost its entry at offset %d to damage on disk (%s); it must fetch "
+            "it again and must not lead meanwhile",
+            self.directory,
+            offset,
+            "moved aside" if cut_off else "it stays unreadable",
+        )
 
     def _segment_index_for(self, offset: int) -> int:
         return max(bisect_right(self._segments, offset, key=_base_offset) - 1, 0)
@@ -374,9 +491,15 @@ class CommitLog:
         ``offset``."""
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
+        self._check_not_failed()
         if offset < self.next_offset:
-            self._truncate_segments(offset)
+            try:
+                self._truncate_segments(offset)
+            except OSError as error:
+                raise self._fail("truncating", error)
             self._last_timestamp = self._timestamp_of_last_entry()
+            if self._damaged_from is not None and offset <= self._damaged_from:
+                self._damage_cut_off = True
         # After the data, so that a crash in between leaves epochs describing at least the data.
         self._epochs.truncate_from_end(offset)
         self._high_watermark = min(self._high_watermark, offset - 1)
@@ -392,17 +515,27 @@ class CommitLog:
             self._segments.append(
                 Segment.create(self.directory, offset, self.config.index_interval_bytes)
             )
-        checkpoint.sync_directory(self.directory)
+        durable.sync_directory(self.directory)
 
     def restart_at(self, offset: int) -> None:
         """Empty the log and restart it at ``offset``, which may be past its end (a follower whose
         leader's log starts after this log's end)."""
         if offset < 0:
             raise ValueError(f"cannot restart at negative offset {offset}")
-        for segment in self._segments:
-            segment.delete()
-        self._segments = [Segment.create(self.directory, offset, self.config.index_interval_bytes)]
-        checkpoint.sync_directory(self.directory)
+        self._check_not_failed()
+        try:
+            for segment in self._segments:
+                segment.delete()
+            self._segments = [
+                Segment.create(self.directory, offset, self.config.index_interval_bytes)
+            ]
+            durable.sync_directory(self.directory)
+        except OSError as error:
+            raise self._fail("restarting the log", error)
+        if self._damaged_from is not None:
+            self._damage_cut_off = True
+            if offset > self._damaged_from:
+                self._damaged_from = None  # the log now starts after it: nothing is missing
         self._last_timestamp = 0
         self._epochs.truncate_from_end(0)
         self._high_watermark = offset - 1
@@ -428,6 +561,8 @@ class CommitLog:
         del self._segments[:count]
         if count:
             self._epochs.truncate_from_start(self.oldest_offset)
+            if self._damaged_from is not None and self._damaged_from < self.oldest_offset:
+                self._damaged_from = None
         return count
 
     def _expired_by_age(self) -> int:
@@ -456,16 +591,24 @@ class CommitLog:
     # --- durability ------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """fsync what was written since the last sync; nothing to do costs nothing."""
-        for segment in self._segments:
-            segment.sync()
-        if self._directory_unsynced:
-            checkpoint.sync_directory(self.directory)
-            self._directory_unsynced = False
+        """fsync what was written since the last sync; nothing to do costs nothing. A failure
+        fails the log (LogFailed)."""
+        self._check_not_failed()
+        try:
+            for segment in self._segments:
+                segment.sync()
+            if self._directory_unsynced:
+                durable.sync_directory(self.directory)
+                self._directory_unsynced = False
+        except OSError as error:
+            raise self._fail("fsync", error)
 
     def begin_sync(self) -> Callable[[], None]:
         """What sync() would do now, as a blocking call to run in another thread. Appends may go
-        on meanwhile; the next sync covers them (group commit)."""
+        on meanwhile; the next sync covers them (group commit). The call raises LogFailed if its
+        fsync fails, and also if any other sync failed before it returned: its own success says
+        nothing about the pages the other one lost."""
+        self._check_not_failed()
         fds = [fd for segment in self._segments for fd in segment.take_unsynced()]
         directory = self.directory if self._directory_unsynced else None
         self._directory_unsynced = False
@@ -475,22 +618,41 @@ class CommitLog:
                 for fd in fds:
                     os.fsync(fd)
                 if directory is not None:
-                    checkpoint.sync_directory(directory)
+                    durable.sync_directory(directory)
+            except OSError as error:
+                raise self._fail("fsync", error)
             finally:
                 for fd in fds:
                     os.close(fd)
+            self._check_not_failed()
 
         return run
 
+    def _check_not_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, what: str, error: OSError) -> LogFailed:
+        """Fail the log for good (the first failure is the one kept) and return its LogFailed."""
+        if self._failure is None:
+            self._failure = LogFailed(self.directory, what, error)
+            self._failure.__cause__ = error  # kept however often the failure is raised again
+            logger.error("%s", self._failure)
+        return self._failure
+
     def close(self) -> None:
-        """Sync, checkpoint the high watermark and close every file."""
+        """Sync, checkpoint the high watermark and close every file. A failed log only closes its
+        files; a sync that fails here fails the log and raises, the files closed all the same."""
         if self._closed:
             return
         self._closed = True
-        self.sync()
-        self.checkpoint_high_watermark()
-        for segment in self._segments:
-            segment.close()
+        try:
+            if self._failure is None:
+                self.sync()
+                self.checkpoint_high_watermark()
+        finally:
+            for segment in self._segments:
+                segment.close()
 
 
 def _agrees(history: EpochHistory, epoch_starts: list[tuple[int, int]]) -> bool:
@@ -542,8 +704,8 @@ def _discover_segments(directory: Path) -> list[int]:
     index_stems = set()
     for entry in os.scandir(directory):
         stem, _, suffix = entry.name.partition(".")
-        if entry.name.endswith(checkpoint.TEMPORARY_SUFFIX):
-            os.unlink(entry.path)  # a checkpoint rewrite that never got renamed
+        if entry.name.endswith(durable.TEMPORARY_SUFFIX):
+            os.unlink(entry.path)  # a checkpoint (or quarantine) write that never got renamed
         elif parse_segment_name(stem) is None:
             continue
         elif "." + suffix == LOG_SUFFIX:

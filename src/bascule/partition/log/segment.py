@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
+from bascule import durable
 from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
 from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, WalkedEntry, scan
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
+# ``<segment>.log.corrupt-<first offset lost>``: bytes moved out of a segment because a damaged
+# entry was followed by intact ones. Kept for whoever investigates; the log never reads them.
+QUARANTINE_INFIX = ".corrupt-"
 BASE_OFFSET_DIGITS = 20
 
 # Enough to reach any entry from its index point in one read when entries are small.
@@ -24,7 +31,6 @@ _LOCATE_CHUNK = 16 * 1024
 _WALK_CHUNK = 1024 * 1024
 
 logger = logging.getLogger(__name__)
-
 
 
 def segment_name(base_offset: int) -> str:
@@ -46,10 +52,18 @@ class WalkedTail:
     next_offset: int
     last_timestamp: int | None = None
     epoch_starts: list[tuple[int, int]] = field(default_factory=list)  # (epoch, first offset)
+    # First offset moved aside into a quarantine file at open (a damaged entry followed by intact
+    # ones), None if the segment was whole or only its torn tail was cut.
+    damaged_from: int | None = None
 
 
 class _MisplacedIndexPoint(Exception):
     """An index point that does not land on the entry it names."""
+
+
+class PartialWriteLeft(OSError):
+    """A failed append whose partial bytes could not be cut off again: the file now holds bytes
+    the segment does not account for, and the next append would land after them."""
 
 
 class Segment:
@@ -108,24 +122,100 @@ class Segment:
     def recover(
         cls, directory: Path, base_offset: int, interval_bytes: int
     ) -> tuple[Segment, WalkedTail]:
-        """Open the active segment, cutting a torn or corrupt tail back to the last good entry.
+        """Open the active segment, keeping the entries up to the first torn or damaged one.
 
-        Only the entries after the last trustworthy index point are read and CRC-checked.
+        Only the entries after the last trustworthy index point are read and CRC-checked. What
+        follows the last good entry is cut off. A torn tail (nothing intact after the damage: an
+        append a crash cut short, zeros, garbage) is simply cut. A damaged entry followed by
+        intact entries may be in the middle of committed data: those bytes are first moved aside
+        into a quarantine file, and ``damaged_from`` reports the first offset lost, so that the
+        replica fetches them again instead of serving a silently shortened log.
         """
         segment = cls(directory, base_offset, base_offset, interval_bytes)
         tail = segment._load_index_and_walk_tail(check_crc=True)
         if tail.valid_end < segment.size:
-            logger.warning(
-                "cutting %d bytes of torn or corrupt entries from the end of %s (kept %d bytes)",
-                segment.size - tail.valid_end,
-                segment.log_path,
-                tail.valid_end,
-            )
+            intact_at = segment._intact_entry_after(tail.valid_end, tail.next_offset)
+            if intact_at is None:
+                logger.warning(
+                    "cutting %d bytes of torn or corrupt entries from the end of %s (kept %d bytes)",
+                    segment.size - tail.valid_end,
+                    segment.log_path,
+                    tail.valid_end,
+                )
+            else:
+                segment._quarantine_from(tail.valid_end, tail.next_offset, intact_at)
+                tail.damaged_from = tail.next_offset
             os.ftruncate(segment._log_fd, tail.valid_end)
             os.fsync(segment._log_fd)
             segment.size = tail.valid_end
         segment.next_offset = tail.next_offset
         return segment, tail
+
+    def _intact_entry_after(self, start: int, expected_offset: int) -> int | None:
+        """Position of the first whole, CRC-correct entry after the damaged one at ``start``
+        whose offset could follow it (``expected_offset`` on); None if the damage runs to the end
+        of the file. The search is for the bytes its offset would begin with, so runs of zeros and
+        garbage cost little even in a big segment."""
+        highest_offset = expected_offset + (self.size - start) // HEADER_SIZE
+        prefix = _common_prefix(_OFFSET.pack(expected_offset), _OFFSET.pack(highest_offset))
+        position = start + 1
+        while position + HEADER_SIZE <= self.size:
+            window = os.pread(self._log_fd, min(_WALK_CHUNK, self.size - position), position)
+            last_start = len(window) - HEADER_SIZE  # candidates whose header lies in the window
+            at = window.find(prefix, 0, last_start + len(prefix))
+            while 0 <= at <= last_start:
+                if window.startswith(_ZERO_HEADER, at):
+                    # No entry begins with a whole header of zeros: jump to where one could.
+                    nonzero = _NONZERO.search(window, at + HEADER_SIZE)
+                    at = len(window) if nonzero is None else nonzero.start() - HEADER_SIZE + 1
+                else:
+                    offset = _OFFSET.unpack_from(window, at)[0]
+                    if expected_offset <= offset <= highest_offset and self._is_intact_entry_at(
+                        position + at, offset
+                    ):
+                        return position + at
+                    at += 1
+                if at > last_start:
+                    break
+                at = window.find(prefix, at, last_start + len(prefix))
+            if position + len(window) >= self.size:
+                break
+            position += last_start + 1
+        return None
+
+    def _is_intact_entry_at(self, position: int, offset: int) -> bool:
+        body_size = ENTRY_HEADER.unpack(os.pread(self._log_fd, HEADER_SIZE, position))[3]
+        if position + HEADER_SIZE + body_size > self.size:
+            return False
+        data = os.pread(self._log_fd, HEADER_SIZE + body_size, position)
+        try:
+            return next(scan(data))[0] == offset
+        except CorruptEntry:
+            return False
+
+    def _quarantine_from(self, start: int, first_offset_lost: int, intact_at: int) -> None:
+        """Move the bytes from ``start`` to the end into ``<segment>.log.corrupt-<offset>``, on
+        disk before the segment is cut, so that no committed entry disappears without a copy. If
+        that fails (a full disk) opening fails: the segment stays as it is."""
+        path = self.log_path.with_name(f"{self.log_path.name}{QUARANTINE_INFIX}{first_offset_lost}")
+        copies = 1
+        while path.exists():  # an earlier incident at the same offset: keep its copy too
+            path = path.with_name(f"{self.log_path.name}{QUARANTINE_INFIX}{first_offset_lost}.{copies}")
+            copies += 1
+        durable.write_atomically(path, os.pread(self._log_fd, self.size - start, start))
+        logger.error(
+            "%s: the entry at offset %d (byte %d) is damaged and intact entries follow it (from "
+            "byte %d): moved the %d bytes from byte %d to %s; this replica has lost offsets %d and "
+            "on and must fetch them again",
+            self.log_path,
+            first_offset_lost,
+            start,
+            intact_at,
+            self.size - start,
+            start,
+            path.name,
+            first_offset_lost,
+        )
 
     @property
     def index(self) -> SparseIndex:
@@ -211,26 +301,48 @@ class Segment:
     def append(self, data: bytes, entries: list[WalkedEntry]) -> None:
         """Write ``data``, whose entry boundaries (relative to ``data``) are ``entries``.
 
-        A failed write is cut back off so the segment keeps whole entries only.
+        All or nothing: if a write fails (a full disk, an I/O error), whatever part of the data
+        and its index points reached the files is cut off again and the OSError raised, so the
+        segment ends where it did and a retry appends the entries once. If even that cut fails,
+        PartialWriteLeft is raised.
         """
         index = self.index
+        position = self.size
+        points_before = len(index)
         try:
             _write_all(self._log_fd, data)
-        except OSError:
-            os.ftruncate(self._log_fd, self.size)
-            raise
-        position = self.size
+            index.add_scanned_entries(entries, self.base_offset, position)
+            if len(index) > points_before:
+                # Written after the data: points a crash loses in between are re-added at open.
+                _write_all(self._index_fd, index.encode(points_before))
+        except OSError as error:
+            self._undo_append(position, error)
         if position == 0:
             self._first_timestamp = entries[0][2]
         self.size += len(data)
         self.next_offset = entries[-1][0] + 1
         self._last_timestamp = entries[-1][2]
         self.unsynced = True
-        # Written after the data: points a crash loses in between are re-added at open.
-        points_before = len(index)
-        index.add_scanned_entries(entries, self.base_offset, position)
-        if len(index) > points_before:
-            _write_all(self._index_fd, index.encode(points_before))
+
+    def _undo_append(self, position: int, error: OSError) -> NoReturn:
+        """Cut a failed append's bytes and index points off (the index file holds exactly the
+        points in memory), then raise its error."""
+        self.index.truncate(self.next_offset - self.base_offset, position)
+        try:
+            os.ftruncate(self._log_fd, position)
+            os.ftruncate(self._index_fd, len(self.index) * POINT_SIZE)
+        except OSError as undo_error:
+            raise PartialWriteLeft(
+                undo_error.errno,
+                f"appending failed ({error.strerror or error}) and cutting the partial write off "
+                f"failed too ({undo_error.strerror or undo_error})",
+                str(self.log_path),
+            ) from error
+        raise OSError(
+            error.errno,
+            f"{error.strerror or error}; nothing was appended (the partial write was cut off)",
+            str(self.log_path),
+        ) from error
 
     def truncate(self, offset: int) -> None:
         """Remove the entry at ``offset`` and everything after it."""
@@ -395,6 +507,16 @@ class Segment:
                 self._last_timestamp = timestamp
         return self._last_timestamp
 
+    def first_damaged_offset(self, until_offset: int | None = None) -> int | None:
+        """The first offset of this segment whose entry is damaged or missing, found by
+        CRC-checking every entry from the start (up to ``until_offset``); None if all are whole."""
+        expected_offset = self.base_offset
+        for offset, _, _, _, _ in self._walk(0, self.base_offset, check_crc=True):
+            expected_offset = offset + 1
+            if until_offset is not None and expected_offset > until_offset:
+                return None
+        return expected_offset if expected_offset < self.next_offset else None
+
     def epoch_starts(self) -> Iterator[tuple[int, int]]:
         """(epoch, first offset) of every run of one epoch, read from all entry headers."""
         current_epoch = None
@@ -426,6 +548,18 @@ class Segment:
             if consumed == 0:
                 return
             position += consumed
+
+
+_OFFSET = struct.Struct(">q")  # an entry header's first field
+_ZERO_HEADER = bytes(HEADER_SIZE)
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def _common_prefix(first: bytes, second: bytes) -> bytes:
+    length = 0
+    while length < len(first) and first[length] == second[length]:
+        length += 1
+    return first[:length]
 
 
 def _open_appendable(path: Path) -> int:

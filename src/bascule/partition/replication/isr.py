@@ -114,6 +114,17 @@ class IsrTracker:
             self._followers[rid].waiting = False
         return notify
 
+    def asks_again(self, replica_id: str, log_end_offset: int) -> bool:
+        """Whether a fetch from ``log_end_offset`` asks for what this follower's previous fetch was
+        sent: it made no progress although there was data (its answer was lost, or damaged)."""
+        progress = self._followers.get(replica_id)
+        return (
+            progress is not None
+            and progress.log_end_offset == log_end_offset
+            and progress.leader_log_end_at_last_fetch is not None
+            and progress.leader_log_end_at_last_fetch > log_end_offset
+        )
+
     def record_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, now: float) -> bool:
         """A replication request from ``replica_id`` asking for ``log_end_offset`` onwards.
 
