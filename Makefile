@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test containers fuse proto clean
+.PHONY: venv run test soak containers fuse proto clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,14 @@ run: venv
 
 test: venv containers fuse
 	$(PY) -m pytest -q $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
+
+# Only the nemesis test (tests/integration/test_nemesis.py), with many more faults: 300 unless
+# BASCULE_NEMESIS_FAULTS says otherwise; BASCULE_NEMESIS_SEED=<seed> replays a run (its seed is printed
+# at the start and in every failure). -s shows each fault as it happens.
+BASCULE_NEMESIS_FAULTS ?= 300
+soak: venv fuse
+	BASCULE_NEMESIS_FAULTS=$(BASCULE_NEMESIS_FAULTS) $(if $(BASCULE_NEMESIS_SEED),BASCULE_NEMESIS_SEED=$(BASCULE_NEMESIS_SEED)) \
+		$(PY) -m pytest -q -s tests/integration/test_nemesis.py $(PYTEST_ARGS)
 
 # podman as the Docker API, and bascule's images, for the `containers` tests: compose/podman-setup.sh
 # (about 70 s on a bare machine, under 1 s when done, about 10 s after a source change). Where podman
