@@ -676,7 +676,7 @@ class BasculeSystem:
                             timeout: float = 60.0) -> dict[int, int]:
         """Create a stream and wait until every partition leads with a full ISR and captures (an acked
         envelope went through each partition's subject). Returns each partition's HW after that probe."""
-        from bascule.node.names import partition_subject
+        from bascule.wire.names import partition_subject
 
         client = self.client()
         await client.create_stream(name, subject, replication_factor=rf, partitions=partitions)
@@ -1444,7 +1444,7 @@ async def _wait_js_current(sys_: JetStreamSystem, stream: str, timeout: float) -
 
 async def run_scale(ctx: Context, system: str) -> list[dict[str, Any]]:
     """bascule capture rate over 1, 10 and 100 partitions (publishers round-robin over partition subjects)."""
-    from bascule.node.names import partition_subject
+    from bascule.wire.names import partition_subject
 
     count = ctx.counts["scale"]
     replicas = ctx.args.scale_replicas

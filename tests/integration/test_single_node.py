@@ -365,3 +365,112 @@ async def test_subscription_starting_past_its_stop_offset_ends_at_once(tmp_path)
 
 async def collect_all(iterator):
     return [item async for item in iterator]
+
+
+async def _propagate(nc, ns: str, op: str, args) -> object:
+    import msgpack
+
+    request = envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, msgpack.packb({"op": op, "args": args}))
+    reply = await nc.request(f"{ns}.raft.metadata.propagate", request, timeout=5)
+    return msgpack.unpackb(envelope.decode(reply.data)[1], raw=False)["error"]
+
+
+async def test_well_formed_hostile_metadata_requests_are_refused_and_the_cluster_keeps_working(tmp_path):
+    """Any NATS client can send the metadata leader requests: valid msgpack with hostile values is
+    refused with INVALID_ARGUMENT, never proposed, never applied; Raft is not wedged and no
+    directory appears outside the data dir."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("h", "h")
+            nc = await nats.connect(node._embedded.url)
+            ns = node.config.clustering.namespace
+            outside = tmp_path.parent / "x-escaped"
+            hostile = [
+                ("pause", {"name": "h", "partitions": [[0]], "resume_all": False, "at": 1}),
+                ("create_stream", {"name": "../../x-escaped", "subject": "x", "group": "", "replication_factor": 1,
+                                   "partitions": 1, "settings": {}}),
+                ("create_stream", {"name": str(outside), "subject": "x", "group": "", "replication_factor": 1,
+                                   "partitions": 1, "settings": {}}),
+                ("create_stream", {"name": "big", "subject": "big", "group": "", "replication_factor": 1,
+                                   "partitions": 2 ** 31, "settings": {}}),
+                ("create_stream", {"name": "crlf", "subject": "crlf", "group": "q\r\nPUB x 1\r\n",
+                                   "replication_factor": 1, "partitions": 1, "settings": {}}),
+                ("create_stream", {"name": "neg", "subject": "neg", "group": "", "replication_factor": 1,
+                                   "partitions": 1, "settings": {"segment_max_bytes": -5}}),
+                ("create_stream", {"name": "forged", "subject": "f", "group": "", "created": 1, "settings": {},
+                                   "replicas": [[node.server_id]]}),
+                ("change_leader", {"name": "h", "partition": 0, "leader": node.server_id, "leader_epoch": -1,
+                                   "isr": {"a": 1}}),
+                ("report_leader", {"stream": "h", "partition": "0", "leader": node.server_id, "leader_epoch": 0,
+                                   "reporter": "x", "last_epoch": 0, "log_end_offset": 0}),
+                ("no_such_op", {}),
+            ]
+            for op, args in hostile:
+                error = await _propagate(nc, ns, op, args)
+                assert error and error[0] == "INVALID_ARGUMENT", (op, error)
+            await nc.close()
+            assert not outside.exists() and not (tmp_path.parent / "x").exists()
+            names = set((await client.fetch_metadata()).streams)
+            assert not names & {"big", "crlf", "neg", "forged"}
+            # Raft still commits: create, publish and read as before.
+            await client.create_stream("after", "after")
+            assert (await client.publish("after", b"ok", ack_policy="all")).offset == 0
+            assert (await client.publish("h", b"still", ack_policy="all")).offset == 0
+
+
+async def test_out_of_range_stream_requests_get_invalid_argument_naming_the_limit(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            stub = client._stub()
+            bad = [
+                api_pb2.CreateStreamRequest(name="p", subject="p", partitions=100_000),
+                api_pb2.CreateStreamRequest(name="g", subject="g", group="a\r\nb"),
+                api_pb2.CreateStreamRequest(name="s", subject="s", segmentMaxBytes=api_pb2.NullableInt64(value=-1)),
+                api_pb2.CreateStreamRequest(name="r", subject="r", retentionMaxAge=api_pb2.NullableInt64(value=-10)),
+                api_pb2.CreateStreamRequest(name="m", subject="m", minIsr=api_pb2.NullableInt32(value=-1)),
+                api_pb2.CreateStreamRequest(name="x" * 300, subject="x"),
+                api_pb2.CreateStreamRequest(name="l", subject="l." * 600 + "l"),
+            ]
+            for request in bad:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.CreateStream(request, timeout=10)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CreateStream(api_pb2.CreateStreamRequest(name="p", subject="p", partitions=100_000))
+            assert "1024" in refused.value.details()
+            await client.create_stream("ok", "ok")
+            assert (await client.publish("ok", b"fine", ack_policy="all")).offset == 0
+
+
+async def test_publish_async_answers_every_request_and_a_bad_record_fails_alone(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("pa", "pa")
+            stub = client._stub()
+            too_many = {f"h{i}": b"" for i in range(65534)}
+            requests = [
+                api_pb2.PublishRequest(stream="pa", value=b"a", correlationId="1", ackPolicy=api_pb2.AckPolicy.ALL),
+                api_pb2.PublishRequest(stream="pa", value=b"b", correlationId="2", ackPolicy=api_pb2.AckPolicy.ALL,
+                                       headers=too_many),
+                api_pb2.PublishRequest(stream="pa", value=b"c", correlationId="3", ackPolicy=api_pb2.AckPolicy.ALL),
+                api_pb2.PublishRequest(stream="nope", value=b"d", correlationId="4", ackPolicy=api_pb2.AckPolicy.ALL),
+                api_pb2.PublishRequest(stream="pa", partition=7, value=b"e", correlationId="5",
+                                       ackPolicy=api_pb2.AckPolicy.ALL),
+            ]
+
+            async def send():
+                for request in requests:
+                    yield request
+
+            responses = {r.correlationId: r async for r in stub.PublishAsync(send(), timeout=30)}
+            assert sorted(responses) == ["1", "2", "3", "4", "5"]
+            assert responses["1"].ack.offset == 0 and responses["3"].ack.offset == 1
+            assert responses["2"].asyncError.code == api_pb2.PublishAsyncError.Code.BAD_REQUEST
+            assert "headers" in responses["2"].asyncError.message
+            assert responses["4"].asyncError.code == api_pb2.PublishAsyncError.Code.NOT_FOUND
+            assert responses["5"].asyncError.code == api_pb2.PublishAsyncError.Code.NOT_FOUND
+            values = [m.value async for m in client.subscribe("pa", offset=0, stop_latest=True)]
+            assert values == [b"a", b"c"]

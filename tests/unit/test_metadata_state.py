@@ -113,3 +113,93 @@ def test_placement_spreads_replicas_and_leaders_evenly():
 
 def test_placement_prefers_least_loaded_brokers():
     assert place(["a", "b", "c"], {"a": 5, "b": 0, "c": 1}, {"a": 5}, 1, 1) == [["b"]]
+
+
+HOSTILE_COMMANDS = [
+    {"op": "pause", "name": "s", "partitions": [[0]], "resume_all": False, "at": 1},  # wedged Raft once
+    {"op": "pause", "name": "s", "partitions": [-1], "resume_all": False, "at": 1},
+    {"op": "set_readonly", "name": "s", "partitions": [2 ** 40], "readonly": True, "at": 1},
+    {"op": "create_stream", "name": "../../x", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": [["a"]]},
+    {"op": "create_stream", "name": "/etc", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x\r\nPUB y 1", "group": "", "created": 1, "settings": {},
+     "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "g\r\nUNSUB 1", "created": 1, "settings": {},
+     "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1,
+     "settings": {"segment_max_bytes": -1}, "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1,
+     "settings": {"retention_max_age": float("nan")}, "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1,
+     "settings": {"rm -rf": True}, "replicas": [["a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": []},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": [[]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": [["a", "a"]]},
+    {"op": "create_stream", "name": "x", "subject": "x", "group": "", "created": 1, "settings": {},
+     "replicas": [["a"]] * 5000},
+    {"op": "change_leader", "name": "s", "partition": 0, "leader": "a", "leader_epoch": -5, "isr": ["a"]},
+    {"op": "change_leader", "name": "s", "partition": 0, "leader": "a", "leader_epoch": 0, "isr": "a"},
+    {"op": "change_isr", "name": "s", "partition": 0, "replica": "b\n", "add": True, "leader": "a",
+     "leader_epoch": 0},
+    {"op": "register_broker", "id": "x.y", "host": "h", "port": 1, "raft": "h:1"},
+    {"op": "register_broker", "id": "x", "host": "h", "port": 99999, "raft": "h:1"},
+    {"op": "resume", "name": "s"},
+]
+
+
+@pytest.mark.parametrize("command", HOSTILE_COMMANDS, ids=range(len(HOSTILE_COMMANDS)))
+def test_hostile_commands_are_refused_before_they_reach_the_state(command):
+    with pytest.raises(CommandError):
+        decode_command(msgpack.packb(command, use_bin_type=True))
+    with pytest.raises(CommandError):
+        encode_command(**command)
+
+
+def test_the_journaled_apply_never_raises_and_is_a_no_op():
+    """pysyncobj retries a raising apply forever on every node: a command that gets past the schema
+    and still cannot be applied is refused, the same way everywhere."""
+    from bascule.metadata.raft import MetadataStore
+
+    store = MetadataStore(on_applied=lambda: None)
+    store.state = stream_state()
+    before = store.state.snapshot()
+    store.state._pause = lambda c: 1 / 0  # a rule that raises
+    result = store.apply_journaled(encode_command("pause", name="s", partitions=[0], resume_all=False, at=1))
+    assert result[0] == "INVALID_ARGUMENT"
+    assert store.state.snapshot() == before
+
+
+@pytest.mark.parametrize("op,args", [
+    ("create_stream", {"name": "x", "subject": "x", "group": "", "replication_factor": 1,
+                       "partitions": 2 ** 31, "settings": {}}),
+    ("create_stream", {"name": "x", "subject": "x", "group": "", "replication_factor": 10 ** 6,
+                       "partitions": 1, "settings": {}}),
+    ("create_stream", {"name": "x", "subject": "x", "group": "a b", "replication_factor": 1,
+                       "partitions": 1, "settings": {}}),
+    ("create_stream", {"name": "x", "subject": "x", "group": "", "replication_factor": 1,
+                       "partitions": 1, "settings": {"min_isr": -3}}),
+    ("create_stream", {"name": "x", "subject": "x", "group": "", "replication_factor": 1,
+                       "partitions": 1, "settings": {}, "replicas": [["a"]]}),
+    ("report_leader", {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 2 ** 64,
+                       "reporter": "b", "last_epoch": 0, "log_end_offset": 0}),
+    ("leader_returned", {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0,
+                         "last_epoch": 0, "log_end_offset": -7}),
+    ("explode", {}),
+    ("pause", {"name": "s", "partitions": [[0]], "resume_all": False, "at": 1}),
+    ("delete_stream", []),
+])
+def test_hostile_requests_for_the_metadata_leader_are_refused(op, args):
+    from bascule.wire.commands import validate_request
+
+    with pytest.raises(CommandError):
+        validate_request(op, args)
+
+
+def test_reserved_streams_journaled_earlier_still_apply():
+    state = stream_state()
+    assert apply(state, "create_stream", name="__cursors", subject="__cursors", group="", created=1,
+                 settings={}, replicas=[["a"]]) is None

@@ -1,7 +1,7 @@
 import pytest
 
 from bascule.api.positions import EndOfStream, LogBounds, PositionError, start_offset, stop_rule
-from bascule.node.names import partition_subject, stream_name_error, subject_error
+from bascule.wire.names import partition_subject, stream_name_error, subject_error
 from bascule.wire.pb import api_pb2
 
 Start, Stop = api_pb2.StartPosition, api_pb2.StopPosition

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bascule.node.names import CURSORS_STREAM
+from bascule.wire.names import CURSORS_STREAM
 from bascule.node.node import Node
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -18,7 +18,6 @@ from bascule.api import positions
 from bascule.api.admin import Admin
 from bascule.api.cursors import CursorError, Cursors
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
-from bascule.node import capture
 from bascule.node.node import LocalPartition, Node
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica
@@ -28,10 +27,18 @@ from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, dat
 
 log = logging.getLogger(__name__)
 
+# Told how one publish ended: (ack or None, None) on success, (None, error) otherwise.
+AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
+
 SUBSCRIBE_BATCH_BYTES = 256 * 1024
 BATCH_BYTES = 1024 * 1024
+MAX_BATCH_BYTES = 4 * 1024 * 1024  # what a gRPC client takes in one message by default
 IDLE_RECHECK = 1.0
 NO_LEADER = "no known metadata leader"
+# An entry holds up to 65,535 headers, two of which each message gets (subject, reply).
+MAX_HEADERS = 65535 - 2
+MAX_HEADER_NAME_BYTES = 65535
+UNAVAILABLE = "unavailable"  # how a transient failure's message starts (PublishAsync has no such code)
 
 # CreateStream's optional settings: request field -> (settings key, scale to bascule's unit).
 _DURATION_MS = 0.001
@@ -79,7 +86,8 @@ class API(api_pb2_grpc.APIServicer):
         except MetadataError as exc:
             await context.abort(_METADATA_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
         except NoMetadataLeader:
-            await context.abort(grpc.StatusCode.INTERNAL, NO_LEADER)
+            # Liftbridge's words, but UNAVAILABLE: clients retry that, and it is transient.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
 
     async def CreateStream(self, request, context):
         await self._metadata_call(
@@ -249,8 +257,9 @@ class API(api_pb2_grpc.APIServicer):
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
         try:
             ack = await self.node_publish(request, wait)
-        except PublishError as exc:
-            await context.abort(exc.status, exc.message)
+        except Exception as exc:
+            failure = publish_failure(exc)
+            await context.abort(failure.status, failure.message)
         return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
 
     async def node_publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
@@ -263,18 +272,13 @@ class API(api_pb2_grpc.APIServicer):
         if not wait:
             local.replica.submit([record])
             return None
-        try:
-            return await self.node.publish_local(local, record, request.ackPolicy, request.correlationId, local.subject)
-        except (PartitionClosed, NotLeader) as exc:
-            raise PublishError(grpc.StatusCode.UNAVAILABLE, f"publish failed: {exc}", "UNAVAILABLE") from exc
-        except OSError as exc:
-            raise PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {exc}", "INTERNAL") from exc
+        return await self.node.publish_local(local, record, request.ackPolicy, request.correlationId, local.subject)
 
     def _writable_leader(self, request: api_pb2.PublishRequest) -> LocalPartition | None:
         """The partition to append ``request`` to, when this node leads it and it takes writes as it
         is; None when the publish must resume the partition or go to its leader. PublishError when
         it cannot be published at all."""
-        self._check_size(request.ByteSize())
+        self._check_message(request.ByteSize(), request.headers)
         meta = self.node.read(lambda s: s.partition(request.stream, request.partition))
         if meta is None:
             raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
@@ -292,13 +296,19 @@ class API(api_pb2_grpc.APIServicer):
         await self.node.metadata.call("resume", name=request.stream, partition=request.partition)
         return self.node.local_partition(request.stream, request.partition) if meta.leader == self.node.server_id else None
 
-    def _check_size(self, size: int) -> None:
+    def _check_message(self, size: int, headers: Mapping[str, bytes]) -> None:
         limit = self.node.max_message_bytes
+        problem = None
         if size > limit:
-            raise PublishError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"message of {size} bytes exceeds the limit of {limit}",
-                "BAD_REQUEST",
-            )
+            problem = f"message of {size} bytes exceeds the limit of {limit}"
+        elif len(headers) > MAX_HEADERS:
+            problem = f"{len(headers)} headers exceed the limit of {MAX_HEADERS}"
+        else:
+            long_name = next((name for name in headers if len(name.encode()) > MAX_HEADER_NAME_BYTES), None)
+            if long_name is not None:
+                problem = f"a header name exceeds the limit of {MAX_HEADER_NAME_BYTES} bytes"
+        if problem:
+            raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, problem, "BAD_REQUEST")
 
     async def PublishAsync(self, request_iterator, context):
         """Requests are appended from callbacks, without a task each (a task costs more than the
@@ -340,45 +350,50 @@ class API(api_pb2_grpc.APIServicer):
     ) -> None:
         """Publish one PublishAsync request; ``respond`` gets its response (None: no ack wanted)."""
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE
-        try:
-            local = self._writable_leader(request)
-        except PublishError as exc:
-            respond(_async_error(request, exc))
-            return
-        if local is None or not local.replica.is_leader:
-            task = asyncio.create_task(self._publish_async_the_long_way(request, wait, respond))
-            slow.add(task)
-            task.add_done_callback(slow.discard)
-            return
-        record = _record(request, local)
+        answered = False
 
         def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
             if error is None:
-                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId))
+                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if wait else None)
             elif wait:
-                failure = PublishError(grpc.StatusCode.UNAVAILABLE, f"publish failed: {error}", "UNAVAILABLE")
-                respond(_async_error(request, failure))
+                respond(_async_error(request, publish_failure(error)))
             else:
                 respond(None)  # an ack-NONE publish gets no answer, failed or not
 
         try:
+            local = self._writable_leader(request)
+            if local is None or not local.replica.is_leader:
+                task = asyncio.create_task(self._publish_async_the_long_way(request, wait, acked))
+                slow.add(task)
+                task.add_done_callback(slow.discard)
+                return
+            record = _record(request, local)
             if wait:
                 self.node.submit_local(local, record, request.ackPolicy, request.correlationId, local.subject, acked)
             else:
                 local.replica.submit([record])
-                respond(None)
-        except (PartitionClosed, NotLeader) as exc:  # leadership ended since the metadata was read
+                acked(None, None)
+        except Exception as exc:  # refused, or leadership ended since the metadata was read
             acked(None, exc)
 
     async def _publish_async_the_long_way(
-        self, request: api_pb2.PublishRequest, wait: bool, respond: Callable[[api_pb2.PublishResponse | None], None],
+        self, request: api_pb2.PublishRequest, wait: bool, acked: AckOutcome,
     ) -> None:
+        """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
+        whatever happens (a cancelled stream included)."""
         try:
             ack = await self.node_publish(request, wait)
-        except PublishError as exc:
-            respond(_async_error(request, exc))
+        except asyncio.CancelledError as exc:
+            acked(None, exc)
+            raise
+        except Exception as exc:
+            acked(None, exc)
         else:
-            respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else None)
+            acked(ack, None)
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(
@@ -387,12 +402,11 @@ class API(api_pb2_grpc.APIServicer):
         )
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
         try:
-            self._check_size(message.ByteSize())
+            self._check_message(message.ByteSize(), message.headers)
             ack = await self.node.publish_to_subject(request.subject, message, wait, context.time_remaining())
-        except PublishError as exc:
-            await context.abort(exc.status, exc.message)
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for ack")
+        except Exception as exc:
+            failure = publish_failure(exc)
+            await context.abort(failure.status, failure.message)
         return api_pb2.PublishToSubjectResponse(ack=ack) if ack else api_pb2.PublishToSubjectResponse()
 
     # ---- cursors ------------------------------------------------------------------------------
@@ -419,6 +433,10 @@ class Data(data_pb2_grpc.DataServicer):
         self.api = api
 
     async def SubscribeBatches(self, request, context):
+        if request.maxBytes > MAX_BATCH_BYTES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
+            )
         replica, offset, stop = await self.api._open_subscription(as_subscribe_request(request), context)
         max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
         async for chunk, last in self.api._committed_chunks(replica, offset, max_bytes, context):
@@ -439,6 +457,28 @@ def _record(request: api_pb2.PublishRequest, local: LocalPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
     headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
     return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+def publish_failure(error: BaseException) -> PublishError:
+    """What a client is told about a publish that failed with ``error``: transient failures
+    (no leader yet, leadership moving, an ack that did not come in time) are UNAVAILABLE (async
+    code UNKNOWN, message "unavailable: ..."), which clients retry."""
+    if isinstance(error, PublishError):
+        return error
+    if isinstance(error, MetadataError):
+        status = _METADATA_CODES.get(error.code, grpc.StatusCode.INTERNAL)
+        async_code = "NOT_FOUND" if status is grpc.StatusCode.NOT_FOUND else "BAD_REQUEST"
+        return PublishError(status, error.message, async_code)
+    if isinstance(error, NoMetadataLeader):
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {NO_LEADER}", "UNKNOWN")
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
+    if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
+    if isinstance(error, ValueError):  # a record the log cannot encode
+        return PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {error}", "BAD_REQUEST")
+    log.error("publish failed", exc_info=error)
+    return PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")
 
 
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:

@@ -50,6 +50,10 @@ class MetadataStore(SyncObjConsumer):
 
     @replicated
     def apply(self, command: bytes) -> tuple[str, str] | None:
+        return self.apply_journaled(command)
+
+    def apply_journaled(self, command: bytes) -> tuple[str, str] | None:
+        """Apply one journaled command; never raises (see below), on every node alike."""
         try:
             decoded = decode_command(command)
         except CommandError as exc:
@@ -57,7 +61,13 @@ class MetadataStore(SyncObjConsumer):
             log.error("refusing journaled command: %s", exc)
             return "INVALID_ARGUMENT", str(exc)
         with self.lock:
-            result = self.state.apply(decoded)
+            try:
+                result = self.state.apply(decoded)
+            except Exception as exc:
+                # pysyncobj would retry a raising apply forever, on every node and every replay,
+                # wedging the group: a command that cannot be applied is a deterministic no-op.
+                log.exception("refusing a command the state machine could not apply: %.200r", decoded)
+                result = "INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}"
         self.on_applied()
         return result
 

@@ -24,6 +24,7 @@ from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, MetadataState, Partition
 from bascule.partition.subjects import Subjects
 from bascule.wire import envelope
+from bascule.wire.commands import CommandError, validate_request
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,18 @@ class MetadataService:
             return  # leadership moved: the caller times out and retries
         except (TypeError, ValueError) as exc:
             error = [INVALID_ARGUMENT, f"bad {op} request: {exc}"]
+        except Exception as exc:  # one request fails alone; the subscription keeps serving
+            log.exception("propagated %s request failed", op)
+            error = ["INTERNAL", f"{op} failed: {exc}"]
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.PROPAGATED_RESPONSE, _pack({"error": error})))
 
     async def _execute(self, op: str, args: dict[str, Any]) -> None:
+        """Run a request here, the metadata leader; whoever sent it, every argument is checked
+        before anything is read or proposed."""
+        try:
+            validate_request(op, args)
+        except CommandError as exc:
+            raise MetadataError(INVALID_ARGUMENT, str(exc)) from exc
         if op == "create_stream":
             await self._create_stream(**args)
         elif op == "report_leader":

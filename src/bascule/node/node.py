@@ -33,7 +33,7 @@ from bascule.node import capture
 from bascule.node.config import Config
 from bascule.node.embedded_nats import EmbeddedNats
 from bascule.node.nats_capture import CaptureConnection, Delivery
-from bascule.node.names import CURSORS_STREAM, directory_name, partition_subject, stream_name_error, subject_error
+from bascule.wire.names import CURSORS_STREAM, directory_name, partition_subject, stream_name_error, subject_error
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig

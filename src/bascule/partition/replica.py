@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
-from bascule.wire.entry import Entry, Record, WalkedEntry
+from bascule.wire.entry import Entry, Record, WalkedEntry, record_error
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,15 @@ class PartitionReplica:
         if not records or leadership is None:
             return
         try:
-            first, _ = self.log.append(records, self.leader_epoch)
+            try:
+                first, _ = self.log.append(records, self.leader_epoch)
+            except ValueError:
+                # A record the log cannot encode fails its own group, not the others of this
+                # append (the log is as it was).
+                records, outcomes = _without_unencodable_groups(records, outcomes)
+                if not records:
+                    return
+                first, _ = self.log.append(records, self.leader_epoch)
         except LogFailed as exc:
             self._awaiting_sync[:0] = outcomes  # failed first, with everything else
             self._fail(exc)
@@ -464,6 +472,29 @@ class PartitionReplica:
                 self.log.close()
             except LogFailed:
                 pass  # logged as it failed; closing a replica must close its files all the same
+
+
+def _without_unencodable_groups(
+    records: list[Record], outcomes: list[tuple[int, Outcome]]
+) -> tuple[list[Record], list[tuple[int, Outcome]]]:
+    """``records`` and ``outcomes`` less the groups that hold a record the log cannot encode;
+    each of those groups is told why."""
+    starts = [start for start, _ in outcomes]
+    groups = zip([0, *starts], [*starts, len(records)], [None, *(on_written for _, on_written in outcomes)])
+    kept: list[Record] = []
+    kept_outcomes: list[tuple[int, Outcome]] = []
+    for start, end, on_written in groups:
+        group = records[start:end]
+        problem = next((p for p in map(record_error, group) if p), None)
+        if problem is not None:
+            log.warning("refusing a group of %d records: %s", len(group), problem)
+            if on_written is not None:
+                on_written(None, ValueError(problem))
+            continue
+        if on_written is not None:
+            kept_outcomes.append((len(kept), on_written))
+        kept += group
+    return kept, kept_outcomes
 
 
 def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:

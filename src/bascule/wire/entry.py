@@ -112,6 +112,15 @@ def encode_entries(
     return b"".join(parts), walked
 
 
+def record_error(record: Record) -> str | None:
+    """Why ``record`` cannot be an entry (too large, too many headers...), or None."""
+    try:
+        _encode_body(record)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _encode_body(record: Record) -> bytes:
     value = record.value
     key = record.key

@@ -1,0 +1,79 @@
+"""Validation of the names users choose: streams (also directory names), NATS subjects and queue
+groups, broker ids; and the limits of what one stream may ask for. Every entry point (gRPC, the
+NATS subjects, the Raft commands, config) checks with these same rules."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+RESERVED_STREAMS = frozenset({"__activity", "__cursors"})
+CURSORS_STREAM = "__cursors"
+
+_STREAM_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_\-.]{0,248}")
+_SUBJECT_TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
+# Printable, no whitespace: these go verbatim into NATS protocol lines (SUB subject group sid).
+_PROTOCOL_TOKEN = re.compile(r"[!-~\u00a0-\U0010ffff]+")
+_CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]")
+
+MAX_SUBJECT_LENGTH = 1024
+MAX_GROUP_LENGTH = 255
+MAX_BROKER_ID_LENGTH = 255
+MAX_PARTITIONS = 1024  # per stream: placement and every node's reconcile walk them all
+MAX_REPLICATION_FACTOR = 64
+
+
+def stream_name_error(name: str) -> str | None:
+    """Why ``name`` cannot name a stream, or None when it can."""
+    if not name:
+        return "No stream name provided"
+    if name in RESERVED_STREAMS:
+        return f"Stream name {name!r} is reserved"
+    # Stream names become directory names and NATS subject tokens, so no separators or traversal.
+    if not _STREAM_NAME.fullmatch(name) or ".." in name or name.endswith("."):
+        return f"Invalid stream name {name!r}: use letters, digits, '_', '-' and '.'"
+    return None
+
+
+def subject_error(subject: str) -> str | None:
+    """Why ``subject`` is not a NATS subject a stream can listen on, or None."""
+    if not subject:
+        return "No subject provided"
+    if len(subject) > MAX_SUBJECT_LENGTH:
+        return f"Subject longer than {MAX_SUBJECT_LENGTH} characters"
+    tokens = subject.split(".")
+    for index, token in enumerate(tokens):
+        if token == "*" or (token == ">" and index == len(tokens) - 1):
+            continue
+        if not _SUBJECT_TOKEN.fullmatch(token):
+            return f"Invalid subject {subject!r}"
+    return None
+
+
+def group_error(group: str) -> str | None:
+    """Why ``group`` cannot be a NATS queue group, or None (empty means no group)."""
+    if len(group) > MAX_GROUP_LENGTH:
+        return f"Group longer than {MAX_GROUP_LENGTH} characters"
+    if group and not _PROTOCOL_TOKEN.fullmatch(group):
+        return f"Invalid group {group!r}: no whitespace or control characters"
+    return None
+
+
+def broker_id_error(broker_id: str) -> str | None:
+    """Why ``broker_id`` cannot name a broker (it becomes a NATS subject token), or None."""
+    if not broker_id or len(broker_id) > MAX_BROKER_ID_LENGTH:
+        return f"Broker id must have 1 to {MAX_BROKER_ID_LENGTH} characters"
+    if _CONTROL_OR_SPACE.search(broker_id) or any(c in broker_id for c in ".*>"):
+        return f"Invalid broker id {broker_id!r}: no whitespace, control characters, '.', '*' or '>'"
+    return None
+
+
+def partition_subject(subject: str, partition: int) -> str:
+    return subject if partition == 0 else f"{subject}.{partition}"
+
+
+def directory_name(name: str) -> str:
+    """``name`` as one safe directory name: whatever reached the metadata, it never names a
+    path outside its parent (no separators, no "." or "..", no control characters)."""
+    quoted = quote(name, safe="-_")
+    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted or "%00"
