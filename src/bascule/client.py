@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -98,14 +99,28 @@ _STALE_LEADER_CODES = frozenset(
 )
 
 
+RETRY_FIRST_DELAY = 0.05
+RETRY_MAX_DELAY = 1.0
+
+
 def _rpc_errors(call):
+    """BasculeError for failed calls; UNAVAILABLE (no metadata leader yet, leadership moving) is
+    retried with jittered exponential backoff for as long as the client's timeout allows."""
+
     async def wrapper(self, *args, **kwargs):
-        try:
-            return await call(self, *args, **kwargs)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in _STALE_LEADER_CODES:
-                self._leaders.clear()
-            raise BasculeError(exc.code(), exc.details() or "") from None
+        deadline = time.monotonic() + self.timeout
+        delay = RETRY_FIRST_DELAY
+        while True:
+            try:
+                return await call(self, *args, **kwargs)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _STALE_LEADER_CODES:
+                    self._leaders.clear()
+                pause = delay * random.uniform(0.5, 1.0)
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + pause > deadline:
+                    raise BasculeError(exc.code(), exc.details() or "") from None
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
 
     wrapper.__name__ = call.__name__
     wrapper.__doc__ = call.__doc__
@@ -270,7 +285,10 @@ class Client:
             return []
         async for response in stub.PublishAsync(iter(requests), timeout=self.timeout + len(requests) / 1000):
             if response.HasField("asyncError"):
-                raise BasculeError(grpc.StatusCode.UNKNOWN, response.asyncError.message)
+                message = response.asyncError.message
+                # bascule marks transient failures so ("unavailable: ..."): PublishAsync has no such code.
+                code = grpc.StatusCode.UNAVAILABLE if message.startswith("unavailable:") else grpc.StatusCode.UNKNOWN
+                raise BasculeError(code, message)
             acks[int(response.correlationId)] = _ack(response.ack)
             if len(acks) == len(requests):
                 break
