@@ -35,6 +35,7 @@ def test_internal_messages():
         "replicaID": (1, F.TYPE_STRING),
         "offset": (2, F.TYPE_INT64),
         "leaderEpoch": (3, F.TYPE_UINT64),
+        "fragmentStart": (4, F.TYPE_INT64),  # bascule's: pieces of entries bigger than a NATS message
     }
     assert _field_shapes(internal_pb2.PartitionNotification) == {
         "stream": (1, F.TYPE_STRING),

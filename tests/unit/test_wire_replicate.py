@@ -82,3 +82,26 @@ def test_garbage_after_a_valid_header_raises_only_envelope_error(body: bytes):
         decode_response(encode(MsgType.REPLICATION_RESPONSE, b"") + body)
     except EnvelopeError:
         pass
+
+
+def test_a_fragment_round_trips_and_says_where_its_piece_goes():
+    from bascule.wire.replicate import encode_fragment
+
+    response = decode_response(encode_fragment(7, 41, 1000, 600, b"p" * 400))
+    assert (response.leader_epoch, response.hw, response.fragment_of, response.fragment_start) == (7, 41, 1000, 600)
+    assert bytes(response.entries) == b"p" * 400
+    assert decode_response(encode_response(7, 41, b"")).fragment_of is None
+
+
+@pytest.mark.parametrize("entry_size,start,piece", [(1000, 900, b"p" * 200), (10, 0, b""), (0, 0, b"x"),
+                                                    (2 ** 64 - 1, 2 ** 64 - 1, b"xy")])
+def test_fragments_that_do_not_fit_their_entry_are_refused(entry_size, start, piece):
+    from bascule.wire.replicate import encode_fragment
+
+    with pytest.raises(EnvelopeError):
+        decode_response(encode_fragment(1, 0, entry_size, start, piece))
+
+
+def test_a_truncated_fragment_header_is_refused():
+    with pytest.raises(EnvelopeError, match="too short"):
+        decode_response(encode(MsgType.REPLICATION_FRAGMENT, b"\x00" * 31))

@@ -57,6 +57,8 @@ AUTO_PAUSE_CHECK_INTERVAL = 1.0
 RAFT_READY_POLL = 0.05
 RETURN_RETRY = 0.5
 LEADERSHIP_POLL = 0.02
+# Envelope header (12), the ack inbox field around the prefix (tag, length, ".<sequence>"), ack policy.
+PUBLISH_ENVELOPE_OVERHEAD = 64
 # gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
@@ -799,8 +801,10 @@ class Node:
 
     @property
     def max_message_bytes(self) -> int:
-        """The largest message accepted: what NATS carries, since publishes may travel through it."""
-        return self.nats.max_payload
+        """The largest publish request accepted: forwarded to a leader elsewhere, it must fit one
+        NATS message (the server's max_payload, from its INFO) as an envelope with this node's
+        ack inbox. Replication carries whatever that makes (big entries go in pieces)."""
+        return self.nats.max_payload - PUBLISH_ENVELOPE_OVERHEAD - len(self._ack_prefix)
 
     async def until_leading(self, stream: str, partition: int) -> LocalPartition | None:
         """The partition once this node leads it, when the metadata names it leader but it does

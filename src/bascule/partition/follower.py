@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 RETRY_PAUSE = 0.05
 # After the loop itself failed (a bug, a disk error): a pause before it starts again from the log.
 RESTART_PAUSE = 1.0
+# An entry sent in pieces is gathered in memory: no entry the API or NATS accepts comes near this.
+MAX_FRAGMENTED_ENTRY = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -205,19 +207,10 @@ class FollowerLoop:
 
     async def _fetch(self, follower: machine.Follower, action: machine.SendFetch) -> list[machine.Action]:
         replica = self.replica
-        request = envelope.encode_message(
-            internal_pb2.ReplicationRequest(
-                replicaID=self.server_id, offset=action.offset - 1, leaderEpoch=action.leader_epoch
-            ),
-            envelope.MsgType.REPLICATION_REQUEST,
-        )
-        data = await self._request(self.subjects.replicate(replica.stream, replica.partition), request)
-        if data is None:
-            return follower.on_fetch_failed(replica.clock())
-        try:
-            response = replicate.decode_response(data)
-        except envelope.EnvelopeError as exc:
-            log.warning("malformed replication response for %s/%s: %s", replica.stream, replica.partition, exc)
+        response = await self._fetch_response(action, 0)
+        if response is not None and response.fragment_of is not None:
+            response = await self._whole_entry(action, response)
+        if response is None:
             return follower.on_fetch_failed(replica.clock())
         walked = intact_entries(response.entries)
         length = walked[-1][4] if walked else 0
@@ -245,6 +238,49 @@ class FollowerLoop:
                     # under "always" an ALL ack means on disk on every ISR member.
                     await asyncio.get_running_loop().run_in_executor(None, replica.log.begin_sync())
         return [a for a in actions if not isinstance(a, (machine.Append, machine.RestartLog))]
+
+    async def _fetch_response(
+        self, action: machine.SendFetch, fragment_start: int
+    ) -> replicate.ReplicateResponse | None:
+        """The leader's answer to a fetch (from ``fragment_start`` of the entry at the fetch
+        offset), None when there is none or it is malformed."""
+        replica = self.replica
+        request = envelope.encode_message(
+            internal_pb2.ReplicationRequest(
+                replicaID=self.server_id, offset=action.offset - 1, leaderEpoch=action.leader_epoch,
+                fragmentStart=fragment_start,
+            ),
+            envelope.MsgType.REPLICATION_REQUEST,
+        )
+        data = await self._request(self.subjects.replicate(replica.stream, replica.partition), request)
+        if data is None:
+            return None
+        try:
+            return replicate.decode_response(data)
+        except envelope.EnvelopeError as exc:
+            log.warning("malformed replication response for %s/%s: %s", replica.stream, replica.partition, exc)
+            return None
+
+    async def _whole_entry(
+        self, action: machine.SendFetch, first: replicate.ReplicateResponse
+    ) -> replicate.ReplicateResponse | None:
+        """Fetch the rest of an entry too big for one NATS message, piece by piece; the whole
+        entry as one response, or None if a piece does not come or does not fit."""
+        entry_size = first.fragment_of
+        if entry_size is None or entry_size > MAX_FRAGMENTED_ENTRY:
+            return None
+        pieces = bytearray()
+        response: replicate.ReplicateResponse | None = first
+        while response is not None:
+            if (response.fragment_of, response.fragment_start, response.leader_epoch) != (
+                entry_size, len(pieces), first.leader_epoch
+            ):
+                return None  # the entry changed under us (a new leadership): fetch again
+            pieces += response.entries
+            if len(pieces) == entry_size:
+                return replicate.ReplicateResponse(response.leader_epoch, response.hw, memoryview(pieces))
+            response = await self._fetch_response(action, len(pieces))
+        return None
 
 
 def intact_entries(data: memoryview) -> list[WalkedEntry]:

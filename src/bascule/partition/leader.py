@@ -24,7 +24,7 @@ from bascule.wire.pb import internal_pb2
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-RESPONSE_OVERHEAD = 64  # envelope, epoch and HW, with room to spare
+RESPONSE_OVERHEAD = 64  # envelope, epoch and HW (and a fragment's sizes), with room to spare
 
 
 class LeaderEndpoint:
@@ -67,7 +67,20 @@ class LeaderEndpoint:
             # below the damage forever; unanswered, it reports this leader, which gets replaced.
             log.error("cannot serve %s from %s/%s: %s", request.replicaID, replica.stream, replica.partition, exc)
             return
-        await self.nc.publish(msg.reply, replicate.encode_response(replica.leader_epoch, replica.high_watermark, data))
+        if len(data) <= self.max_bytes and not request.fragmentStart:
+            response = replicate.encode_response(replica.leader_epoch, replica.high_watermark, data)
+        elif len(data) > self.max_bytes and 0 <= request.fragmentStart < len(data):
+            # ``data`` is one entry (reads return more than max_bytes only for a first entry that
+            # alone is bigger): it goes in pieces that each fit a NATS message.
+            piece = memoryview(data)[request.fragmentStart : request.fragmentStart + self.max_bytes]
+            response = replicate.encode_fragment(
+                replica.leader_epoch, replica.high_watermark, len(data), request.fragmentStart, piece
+            )
+        else:
+            log.warning("%s asked %s/%s for a piece of an entry that is not there", request.replicaID,
+                        replica.stream, replica.partition)
+            return
+        await self.nc.publish(msg.reply, response)
 
     async def _on_epoch_query(self, msg: Msg) -> None:
         request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)

@@ -47,6 +47,8 @@ class MsgType(IntEnum):
     PARTITION_STATUS_REQUEST = 12
     PARTITION_STATUS_RESPONSE = 13
     PARTITION_NOTIFICATION = 14
+    # bascule's own, far from Liftbridge's numbers: a piece of one entry too big for one NATS message.
+    REPLICATION_FRAGMENT = 100
 
 
 _KNOWN_TYPES = frozenset(MsgType)
