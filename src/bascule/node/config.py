@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from bascule.wire.settings import MAX_SEGMENT_BYTES
+
 DEFAULT_NAMESPACE = "liftbridge-default"
 DEFAULT_PORT = 9292
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -214,8 +216,10 @@ def _integer(minimum: int, maximum: float = math.inf) -> Parser:
     return parse
 
 
-def _size(minimum: int) -> Parser:
+def _size(minimum: int, maximum: float = math.inf) -> Parser:
     expected = f"a size in bytes >= {minimum}, like 1048576 or 1MiB"
+    if maximum != math.inf:
+        expected = f"a size in bytes from {minimum} to {maximum}, like 1048576 or 1MiB"
 
     def parse(value: Any) -> int:
         if isinstance(value, str):
@@ -223,7 +227,7 @@ def _size(minimum: int) -> Parser:
                 value = parse_size(value)
             except ValueError:
                 raise _BadValue(expected) from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
             raise _BadValue(expected)
         return value
 
@@ -404,7 +408,7 @@ _SETTINGS: dict[str, _Setting] = {
     "streams.retention.max.messages": _Setting(_integer(0), "streams.retention_max_messages"),
     "streams.retention.max.age": _Setting(_duration, "streams.retention_max_age"),
     "streams.cleaner.interval": _Setting(_duration, "streams.cleaner_interval"),
-    "streams.segment.max.bytes": _Setting(_size(1), "streams.segment_max_bytes"),
+    "streams.segment.max.bytes": _Setting(_size(1, MAX_SEGMENT_BYTES), "streams.segment_max_bytes"),
     "streams.segment.max.age": _Setting(_duration, "streams.segment_max_age"),
     "streams.auto.pause.time": _Setting(_duration, "streams.auto_pause_time"),
     "streams.auto.pause.disable.if.subscribers": _Setting(_boolean, "streams.auto_pause_disable_if_subscribers"),
