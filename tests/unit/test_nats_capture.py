@@ -1,9 +1,20 @@
-"""The bulk MSG/HMSG parser of the capture connection, fed bytes directly."""
+"""The capture connection fed bytes directly: the bulk MSG/HMSG parser, PING/PONG pairing, and
+the names it refuses to put on a protocol line."""
+
+import asyncio
 
 import pytest
 from hypothesis import given, strategies as st
 
-from bascule.node.nats_capture import CaptureConnection
+from bascule.node.nats_capture import MAX_CONTROL_LINE, CaptureConnection, _Link
+
+LOOP = asyncio.new_event_loop()  # only to make futures; never run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def close_loop():
+    yield
+    LOOP.close()
 
 
 class RecordingTransport:
@@ -15,77 +26,158 @@ class RecordingTransport:
         self.written += data
 
     def is_closing(self):
-        return False
+        return self.aborted
 
     def abort(self):
         self.aborted = True
 
 
+def attach_link(conn):
+    """A new socket for conn, greeted by the server as far as INFO."""
+    link = conn._link = _Link(conn, conn.servers[0], LOOP)
+    transport = RecordingTransport()
+    link.connection_made(transport)
+    link.data_received(b'INFO {"server_id":"x"}\r\n')
+    return link, transport
+
+
 def connection():
     conn = CaptureConnection(["nats://127.0.0.1:4222"], "test")
-    transport = RecordingTransport()
-    conn.connection_made(transport)
+    link, transport = attach_link(conn)
     got = []
     sid = conn.subscribe("s.>", "q", got.extend)
-    return conn, transport, got, sid
+    return link, transport, got, sid
 
 
 def test_msg_hmsg_with_and_without_reply_in_one_read():
-    conn, _, got, sid = connection()
+    link, _, got, sid = connection()
     headers = b"NATS/1.0\r\nA: b\r\n\r\n"
     data = (b"MSG s.a %d 5\r\nhello\r\n" % sid
             + b"MSG s.b %d r.1 0\r\n\r\n" % sid
             + b"HMSG s.c %d %d %d\r\n%sbody\r\n" % (sid, len(headers), len(headers) + 4, headers)
             + b"HMSG s.d %d in.2 %d %d\r\n%sxy\r\n" % (sid, len(headers), len(headers) + 2, headers))
-    conn.data_received(data)
+    link.data_received(data)
     assert got == [("s.a", "", b"hello"), ("s.b", "r.1", b""), ("s.c", "", b"body"), ("s.d", "in.2", b"xy")]
 
 
 def test_frames_split_at_every_byte_are_reassembled():
-    conn, _, got, sid = connection()
+    link, _, got, sid = connection()
     data = b"MSG s.a %d 12\r\nhello\r\nworld\r\nPING\r\nMSG s.b %d 1\r\nx\r\n" % (sid, sid)
     for i in range(len(data)):
-        conn.data_received(data[i:i + 1])
+        link.data_received(data[i:i + 1])
     assert got == [("s.a", "", b"hello\r\nworld"), ("s.b", "", b"x")]
 
 
 def test_a_large_message_over_many_reads_is_joined_once_whole():
-    conn, _, got, sid = connection()
+    link, _, got, sid = connection()
     payload = bytes(range(256)) * 4096
     data = b"MSG s.big %d %d\r\n%s\r\nMSG s.next %d 2\r\nok\r\n" % (sid, len(payload), payload, sid)
     reads = [data[i:i + 4000] for i in range(0, len(data), 4000)]
     for read in reads[:-1]:
-        conn.data_received(read)
-    assert got == [] and len(conn._chunks) == len(reads) - 1  # nothing joined before the frame is whole
-    conn.data_received(reads[-1])
+        link.data_received(read)
+    assert got == [] and len(link._chunks) == len(reads) - 1  # nothing joined before the frame is whole
+    link.data_received(reads[-1])
     assert got == [("s.big", "", payload), ("s.next", "", b"ok")]
 
 
 def test_ping_is_answered_and_info_sends_connect_once_with_subscriptions():
-    conn, transport, _, sid = connection()
-    transport.written = b""
-    conn.data_received(b'INFO {"server_id":"x"}\r\nPING\r\nINFO {"server_id":"x"}\r\n')
+    conn = CaptureConnection(["nats://127.0.0.1:4222"], "test")
+    sid = conn.subscribe("s.>", "q", lambda deliveries: None)
+    link, transport = attach_link(conn)
+    link.data_received(b'PING\r\nINFO {"server_id":"x"}\r\n')
     assert transport.written.count(b"CONNECT ") == 1
-    assert b"SUB s.> q %d\r\n" % sid in transport.written and transport.written.endswith(b"PONG\r\n")
+    assert b"SUB s.> q %d\r\n" % sid in transport.written and transport.written.endswith(b"PING\r\nPONG\r\n")
 
 
 def test_unsubscribed_messages_are_ignored():
-    conn, transport, got, sid = connection()
-    conn.unsubscribe(sid)
+    link, transport, got, sid = connection()
+    link._owner.unsubscribe(sid)
     assert transport.written.endswith(b"UNSUB %d\r\n" % sid)
-    conn.data_received(b"MSG s.a %d 1\r\nx\r\n" % sid)
+    link.data_received(b"MSG s.a %d 1\r\nx\r\n" % sid)
     assert got == []
 
 
 @pytest.mark.parametrize("garbage", [b"MSG s.a notanumber 5\r\nhello\r\n", b"MSG s.a 1 5\r\nhelloXX",
                                      b"HMSG s.a 1 zz 5\r\nhello\r\n", b"MSG s.a\r\n"])
 def test_garbage_frames_abort_the_connection(garbage):
-    conn, transport, got, _ = connection()
-    conn.data_received(garbage)
+    link, transport, got, _ = connection()
+    link.data_received(garbage)
     assert transport.aborted and got == []
 
 
 @given(st.binary(max_size=300))
 def test_random_bytes_never_raise(data):
-    conn, _, _, _ = connection()
-    conn.data_received(data)
+    link, _, _, _ = connection()
+    link.data_received(data)
+
+
+def live_connection():
+    link, transport, got, sid = connection()
+    link.data_received(b"PONG\r\n")  # to the PING after CONNECT
+    assert link.live
+    return link, transport, got, sid
+
+
+def test_a_health_check_pong_is_not_taken_for_a_flush_pong():
+    link, _, _, _ = live_connection()
+    link.ping_for_health()
+    flushed = link.ping()
+    link.data_received(b"PONG\r\n")
+    assert not flushed.done()
+    link.data_received(b"PONG\r\n")
+    assert flushed.done()
+
+
+def test_a_lost_socket_fails_its_waiters_and_says_so():
+    link, _, _, _ = live_connection()
+    flushed = link.ping()
+    link.connection_lost(None)
+    assert isinstance(flushed.exception(), ConnectionError) and link.lost.done() and not link.live
+
+
+def test_nothing_of_a_replaced_socket_reaches_the_next_or_the_handlers():
+    old, _, got, sid = connection()
+    old.data_received(b"MSG s.a %d 10\r\nhalf" % sid)
+    new, _ = attach_link(old._owner)
+    new.data_received(b"MSG s.b %d 2\r\nok\r\n" % sid)
+    old.data_received(b"e a msg\r\nMSG s.c %d 1\r\nx\r\n" % sid)  # a read already under way
+    assert got == [("s.b", "", b"ok")]
+
+
+BAD_NAMES = ["a\r\nPUB x 1", "a\nb", "a\rb", "a b", "a\tb", "a\x00b", "a\x7fb", "a\u2028b", "a\u00a0b", "\ud800"]
+
+
+@pytest.mark.parametrize("subject", BAD_NAMES + ["", "a" * MAX_CONTROL_LINE])
+def test_a_subject_that_could_inject_or_break_a_protocol_line_is_refused(subject):
+    link, transport, got, sid = connection()
+    written = transport.written
+    with pytest.raises(ValueError, match="subject"):
+        link._owner.subscribe(subject, "", got.extend)
+    with pytest.raises(ValueError, match="subject"):
+        link._owner.subscribe(subject, "q", got.extend)
+    assert transport.written == written and list(link._owner._subscriptions) == [sid]
+
+
+@pytest.mark.parametrize("queue", BAD_NAMES + ["q" * MAX_CONTROL_LINE])
+def test_a_queue_group_that_could_inject_or_break_a_protocol_line_is_refused(queue):
+    link, transport, got, sid = connection()
+    written = transport.written
+    with pytest.raises(ValueError, match="queue group"):
+        link._owner.subscribe("s.ok", queue, got.extend)
+    assert transport.written == written and list(link._owner._subscriptions) == [sid]
+
+
+def test_a_refused_subscription_never_reaches_a_later_connect():
+    conn = CaptureConnection(["nats://127.0.0.1:4222"], "test")
+    with pytest.raises(ValueError):
+        conn.subscribe("a\r\nUNSUB 1", "", lambda deliveries: None)
+    conn.subscribe("s.ok", "", lambda deliveries: None)
+    _, transport = attach_link(conn)
+    assert transport.written.count(b"\r\n") == 3 and b"SUB s.ok 1\r\n" in transport.written
+
+
+def test_publish_many_leaves_out_only_the_messages_it_cannot_put_on_a_pub_line():
+    link, transport, _, _ = live_connection()
+    transport.written = b""
+    link._owner.publish_many([("ok.1", b"a"), ("bad\r\nSUB x 9", b"b"), ("", b"c"), ("ok.2", b"\r\n")])
+    assert transport.written == b"PUB ok.1 1\r\na\r\nPUB ok.2 2\r\n\r\n\r\n"

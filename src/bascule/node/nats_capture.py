@@ -5,7 +5,12 @@ Msg object, a queue, a task wake-up, a callback). Captured messages need none of
 it: this connection parses whole socket reads at once and hands each subscription
 one list of (subject, reply, payload) per read, and writes the acks of a whole batch
 at once. It speaks just enough of the NATS client protocol for that: CONNECT,
-SUB/UNSUB, PUB, PING/PONG, MSG and HMSG, and it reconnects and resubscribes on its own.
+SUB/UNSUB, PUB, PING/PONG, MSG and HMSG.
+
+It keeps itself up: one socket at a time (a second one subscribed alongside would capture
+every message twice), a PING whenever the socket has been silent for a while (a half-open
+connection never reports its loss, it only goes quiet), and a redial with backoff, forever,
+that subscribes again on the new socket.
 """
 
 from __future__ import annotations
@@ -14,18 +19,26 @@ import asyncio
 import collections
 import json
 import logging
+import random
 import re
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 log = logging.getLogger(__name__)
 
 Delivery = tuple[str, str, bytes]  # subject, reply, payload
 BatchHandler = Callable[[list[Delivery]], None]
 
-RECONNECT_WAIT = 0.2
 CONNECT_TIMEOUT = 5.0
+PING_INTERVAL = 2.0  # seconds of silence after which the connection is PINGed
+MAX_PINGS_OUT = 2  # PINGs left unanswered before the connection counts as dead
+RECONNECT_WAIT_MIN = 0.05
+RECONNECT_WAIT_MAX = 2.0
+# nats-server's default max_control_line: it answers a longer line by closing the connection, and
+# a SUB resent on every reconnect would then keep the connection from ever coming back.
+MAX_CONTROL_LINE = 4096
 _CRLF = b"\r\n"
+_PING = b"PING\r\n"
 # MSG <subject> <sid> [reply-to] <#bytes> and HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
 _MSG_LINE = re.compile(rb"MSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+)")
 _HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)")
@@ -44,61 +57,107 @@ def _subject(raw: bytes) -> str:
         raise ProtocolError(f"subject {raw[:100]!r} is not UTF-8") from exc
 
 
-class CaptureConnection(asyncio.Protocol):
-    def __init__(self, servers: list[str], name: str) -> None:
-        self.servers = [urlsplit(s if "://" in s else f"nats://{s}") for s in servers]
-        self.name = name
-        self._handlers: dict[int, BatchHandler] = {}
-        self._subscriptions: dict[int, tuple[str, str]] = {}
-        self._next_sid = 0
+def _check_name(kind: str, name: str) -> None:
+    """Refuse a name that cannot go verbatim into a protocol line: a CR or LF would end the line
+    and start a command of the name's choosing, a space or tab would shift the arguments."""
+    if not name:
+        raise ValueError(f"empty {kind}")
+    if not name.isprintable() or " " in name:
+        raise ValueError(f"{kind} {name[:100]!r} contains whitespace or control characters")
+
+
+def _check_length(line: bytes, subject: str, queue: str = "") -> bytes:
+    if len(line) > MAX_CONTROL_LINE:
+        names = f"subject {subject[:100]!r}" + (f" with queue group {queue[:100]!r}" if queue else "")
+        raise ValueError(f"{names} too long: {len(line)} bytes on a protocol line, NATS allows {MAX_CONTROL_LINE}")
+    return line
+
+
+def _sub_line(sid: int, subject: str, queue: str) -> bytes:
+    """The SUB line for a subject and a queue group ("" for none); ValueError for names it cannot carry."""
+    _check_name("subject", subject)
+    if queue:
+        _check_name("queue group", queue)
+    line = (f"SUB {subject} {queue} {sid}\r\n" if queue else f"SUB {subject} {sid}\r\n").encode()
+    return _check_length(line, subject, queue)
+
+
+def _pub_line(subject: str, size: int) -> bytes:
+    _check_name("subject", subject)
+    return _check_length(b"PUB %s %d\r\n" % (subject.encode(), size), subject)
+
+
+class _Link(asyncio.Protocol):
+    """One socket to a NATS server and what was read from it but not parsed yet.
+
+    A link serves one socket only: a reconnect starts a new one, so nothing of the old socket
+    (a half-read frame, a late read, an awaited PONG) can reach the next.
+    """
+
+    def __init__(self, owner: CaptureConnection, url: SplitResult, loop: asyncio.AbstractEventLoop) -> None:
+        self._owner = owner
+        self.url = url
+        self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._chunks: list[bytes] = []  # unparsed reads
         self._buffered = 0  # their total size
         self._needed = 0  # what an unfinished frame needs before parsing can go on (0: unknown)
         self._frames: dict[bytes, Frame] = {}
-        self._greeted = False  # CONNECT sent on this connection (servers repeat INFO later)
-        self._pongs: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._closing = False
-        self._reconnecting: asyncio.Task | None = None
+        self.greeted = False  # CONNECT sent (servers repeat INFO later)
+        # Waiters for the PONGs to come, in the order of their PINGs; None for a health check's.
+        self._pongs: collections.deque[asyncio.Future[None] | None] = collections.deque()
+        self.ready: asyncio.Future[None] = loop.create_future()  # the PONG that ends the handshake
+        self.lost: asyncio.Future[Exception | None] = loop.create_future()
+        self.heard = False  # data arrived since the health check last looked
 
-    async def connect(self) -> None:
-        await self._dial()
+    @property
+    def live(self) -> bool:
+        """The handshake was answered and the socket is still open."""
+        return self.ready.done() and not self.ready.cancelled() and self._open()
 
-    async def _dial(self) -> None:
-        loop = asyncio.get_running_loop()
-        errors = []
-        for url in self.servers:
-            try:
-                connected = self._expect_pong()
-                await asyncio.wait_for(
-                    loop.create_connection(lambda: self, url.hostname, url.port or 4222), CONNECT_TIMEOUT
-                )
-                await asyncio.wait_for(connected, CONNECT_TIMEOUT)
-                return
-            except (OSError, asyncio.TimeoutError) as exc:
-                if connected in self._pongs:
-                    self._pongs.remove(connected)
-                errors.append(f"{url.geturl()}: {exc!r}")
-        raise ConnectionError("capture connection failed: " + "; ".join(errors))
+    def _open(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if self._open():
+            self._transport.write(data)  # type: ignore[union-attr]
+
+    def ping(self) -> asyncio.Future[None]:
+        """A future that completes with the server's PONG to this PING."""
+        if not self.live:
+            raise ConnectionError("NATS connection not up")
+        waiter = self._loop.create_future()
+        self._pongs.append(waiter)
+        self.write(_PING)
+        return waiter
+
+    def ping_for_health(self) -> None:
+        self._pongs.append(None)
+        self.write(_PING)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._chunks, self._buffered, self._needed = [], 0, 0
-        self._greeted = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        while self._pongs:
-            waiter = self._pongs.popleft()
-            if not waiter.done():
+        for waiter in (self.ready, *self._pongs):
+            if waiter is not None and not waiter.done():
                 waiter.set_exception(ConnectionError("NATS connection lost"))
-        if not self._closing:
-            log.warning("capture connection to NATS lost (%r); reconnecting", exc)
-            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+        self._pongs.clear()
+        self.lost.set_result(exc)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         # Reads are kept as they come until a frame can be completed: a large message spread
         # over many reads is joined once, not once per read.
         self._chunks.append(data)
@@ -110,20 +169,13 @@ class CaptureConnection(asyncio.Protocol):
             batches, consumed, self._needed = self._parse(buffer)
         except ProtocolError as exc:
             log.error("capture connection: %s; reconnecting", exc)
-            self._chunks, self._buffered, self._needed = [], 0, 0
-            if self._transport is not None:
-                self._transport.abort()
+            self.abort()
             return
         rest = buffer[consumed:]
         self._chunks = [rest] if rest else []
         self._buffered = len(rest)
-        for sid, deliveries in batches.items():
-            handler = self._handlers.get(sid)
-            if handler is not None:
-                try:
-                    handler(deliveries)
-                except Exception:
-                    log.exception("capture handler failed for %d messages", len(deliveries))
+        if batches:
+            self._owner._deliver(self, batches)
 
     # ---- parsing ---------------------------------------------------------------------------
 
@@ -181,21 +233,136 @@ class CaptureConnection(asyncio.Protocol):
 
     def _control(self, line: bytes) -> None:
         if line.startswith(b"INFO"):
-            if not self._greeted:
-                self._greeted = True
-                self._send_connect()
+            if not self.greeted:
+                self.greeted = True
+                self._pongs.append(self.ready)
+                self.write(self._owner._greeting(self.url))
         elif line == b"PING":
-            self._write(b"PONG\r\n")
+            self.write(b"PONG\r\n")
         elif line == b"PONG":
-            if self._pongs:
-                waiter = self._pongs.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
+            waiter = self._pongs.popleft() if self._pongs else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         elif line.startswith(b"-ERR"):
             log.error("NATS server error on the capture connection: %s", line.decode(errors="replace"))
 
-    def _send_connect(self) -> None:
-        url = self.servers[0]
+
+class CaptureConnection:
+    """Capture subscriptions on one NATS connection, kept up until close().
+
+    Only connect() and then the one task that keeps the connection up ever dial, and never while
+    another dial or socket is still in use: every message is captured once, on one socket.
+    """
+
+    def __init__(
+        self,
+        servers: list[str],
+        name: str,
+        *,
+        ping_interval: float = PING_INTERVAL,
+        max_pings_out: int = MAX_PINGS_OUT,
+    ) -> None:
+        self.servers = [urlsplit(s if "://" in s else f"nats://{s}") for s in servers]
+        self.name = name
+        self.ping_interval = ping_interval
+        self.max_pings_out = max_pings_out
+        self._handlers: dict[int, BatchHandler] = {}
+        self._subscriptions: dict[int, tuple[str, str]] = {}
+        self._next_sid = 0
+        self._link: _Link | None = None  # the socket being dialled or in use
+        self._went_live = asyncio.Condition()
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        """Dial the servers in turn until one answers (ConnectionError if none does), then keep
+        the connection up, in the background, until close()."""
+        link = await self._dial()
+        self._keeper = asyncio.create_task(self._keep_connected(link))
+
+    async def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.wait([self._keeper])
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    # ---- dialling and health ---------------------------------------------------------------
+
+    async def _dial(self) -> _Link:
+        errors = []
+        for url in self.servers:
+            try:
+                return await self._dial_one(url)
+            except OSError as exc:  # TimeoutError, and ConnectionError for a loss mid-handshake, included
+                errors.append(f"{url.hostname}:{url.port or 4222}: {exc!r}")
+        raise ConnectionError("capture connection failed: " + "; ".join(errors))
+
+    async def _dial_one(self, url: SplitResult) -> _Link:
+        loop = asyncio.get_running_loop()
+        # Current from the start: a subscription made during the handshake must reach this socket.
+        link = self._link = _Link(self, url, loop)
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await loop.create_connection(lambda: link, url.hostname, url.port or 4222)
+                await link.ready
+        except BaseException:
+            self._link = None
+            link.ready.cancel()  # a loss after giving up is no one's error
+            link.abort()
+            raise
+        async with self._went_live:
+            self._went_live.notify_all()
+        return link
+
+    async def _keep_connected(self, link: _Link) -> None:
+        while True:
+            reason = await self._watch(link)
+            self._link = None
+            log.warning("capture connection to NATS %s:%s lost (%s); reconnecting",
+                        link.url.hostname, link.url.port, reason)
+            link = await self._redial()
+
+    async def _watch(self, link: _Link) -> str:
+        """Until the link is gone; why. A link silent through max_pings_out PINGs is half-open or
+        hung, and is closed."""
+        unanswered = 0
+        while True:
+            await asyncio.wait([link.lost], timeout=self.ping_interval)
+            if link.lost.done():
+                error = link.lost.result()
+                return repr(error) if error else "connection closed"
+            if link.heard:
+                link.heard = False
+                unanswered = 0
+            elif unanswered < self.max_pings_out:
+                link.ping_for_health()
+                unanswered += 1
+            else:
+                link.abort()
+                return f"silent for {(unanswered + 1) * self.ping_interval:.1f} s, {unanswered} PINGs unanswered"
+
+    async def _redial(self) -> _Link:
+        """Until a server answers. The waits between attempts double, and are jittered so that
+        nodes cut off together do not all dial back at the same instant."""
+        loop = asyncio.get_running_loop()
+        outage_start = loop.time()
+        wait = RECONNECT_WAIT_MIN
+        attempts = 1
+        while True:
+            try:
+                link = await self._dial()
+                log.info("capture connection to NATS re-established after %.1f s (%d attempts)",
+                         loop.time() - outage_start, attempts)
+                return link
+            except ConnectionError as exc:
+                log.debug("%s", exc)
+            await asyncio.sleep(random.uniform(wait / 2, wait))
+            wait = min(wait * 2, RECONNECT_WAIT_MAX)
+            attempts += 1
+
+    def _greeting(self, url: SplitResult) -> bytes:
+        """CONNECT, every subscription, and the PING whose PONG says the server has them all."""
         options = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "name": self.name, "lang": "python-bascule", "version": "1", "protocol": 1,
@@ -203,18 +370,33 @@ class CaptureConnection(asyncio.Protocol):
         if url.username:
             options.update(user=url.username, **{"pass": url.password or ""})
         lines = [b"CONNECT " + json.dumps(options).encode() + _CRLF]
-        lines += [self._sub_line(sid, subject, queue) for sid, (subject, queue) in self._subscriptions.items()]
-        lines.append(b"PING\r\n")
-        self._write(b"".join(lines))
+        lines += [_sub_line(sid, subject, queue) for sid, (subject, queue) in self._subscriptions.items()]
+        lines.append(_PING)
+        return b"".join(lines)
 
-    # ---- subscriptions ---------------------------------------------------------------------
+    def _deliver(self, link: _Link, batches: dict[int, list[Delivery]]) -> None:
+        if link is not self._link:
+            return  # a socket given up on: the next one has its subscriptions, and both could deliver a message
+        for sid, deliveries in batches.items():
+            handler = self._handlers.get(sid)
+            if handler is not None:
+                try:
+                    handler(deliveries)
+                except Exception:
+                    log.exception("capture handler failed for %d messages", len(deliveries))
+
+    # ---- subscriptions and publishing ------------------------------------------------------
 
     def subscribe(self, subject: str, queue: str, handler: BatchHandler) -> int:
-        self._next_sid += 1
-        sid = self._next_sid
+        """Deliver the messages on subject (to one member of queue, unless it is "") to handler,
+        one list per read. ValueError, and nothing subscribed, for an empty subject or a subject or
+        queue with whitespace or control characters in it, or too long for a protocol line."""
+        sid = self._next_sid + 1
+        line = _sub_line(sid, subject, queue)
+        self._next_sid = sid
         self._subscriptions[sid] = (subject, queue)
         self._handlers[sid] = handler
-        self._write(self._sub_line(sid, subject, queue))
+        self._write(line)
         return sid
 
     def unsubscribe(self, sid: int) -> None:
@@ -223,45 +405,31 @@ class CaptureConnection(asyncio.Protocol):
             self._write(f"UNSUB {sid}\r\n".encode())
 
     def publish_many(self, messages: list[tuple[str, bytes]]) -> None:
-        """Publish each (subject, payload) in one write. Subjects must be valid as they are (no
-        whitespace). While the connection is down they are dropped: this carries acks, whose
-        publishers time out and retry."""
-        self._write(b"".join([b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
-                              for subject, payload in messages]))
-
-    @staticmethod
-    def _sub_line(sid: int, subject: str, queue: str) -> bytes:
-        return (f"SUB {subject} {queue} {sid}\r\n" if queue else f"SUB {subject} {sid}\r\n").encode()
+        """Publish each (subject, payload) in one write. While the connection is down they are
+        dropped: this carries acks, whose publishers time out and retry. So is, with a warning, a
+        message whose subject cannot go on a PUB line, rather than failing the others' acks."""
+        parts = []
+        for subject, payload in messages:
+            try:
+                parts += (_pub_line(subject, len(payload)), payload, _CRLF)
+            except ValueError as exc:
+                log.warning("capture connection: not publishing: %s", exc)
+        self._write(b"".join(parts))
 
     def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-        # Otherwise the subscription is sent with the next CONNECT.
-
-    def _expect_pong(self) -> asyncio.Future[None]:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pongs.append(waiter)
-        return waiter
+        # Before the CONNECT, nothing: the CONNECT carries every subscription.
+        if self._link is not None and self._link.greeted:
+            self._link.write(data)
 
     async def flush(self, timeout: float = CONNECT_TIMEOUT) -> None:
-        """Wait until the server has processed everything sent so far (SUBs included)."""
-        waiter = self._expect_pong()
-        self._write(b"PING\r\n")
-        await asyncio.wait_for(waiter, timeout)
-
-    async def _reconnect(self) -> None:
-        while not self._closing:
-            try:
-                await self._dial()
-                log.info("capture connection to NATS re-established")
-                return
-            except ConnectionError as exc:
-                log.debug("%s", exc)
-                await asyncio.sleep(RECONNECT_WAIT)
-
-    async def close(self) -> None:
-        self._closing = True
-        if self._reconnecting is not None:
-            self._reconnecting.cancel()
-        if self._transport is not None:
-            self._transport.close()
+        """Wait until the server has processed everything sent so far (SUBs included). While the
+        connection is down, that is until it is back: its CONNECT carries every SUB."""
+        async with asyncio.timeout(timeout):
+            while True:
+                async with self._went_live:
+                    await self._went_live.wait_for(lambda: self._link is not None and self._link.live)
+                try:
+                    await self._link.ping()  # type: ignore[union-attr]
+                    return
+                except ConnectionError:
+                    pass  # lost meanwhile: wait for the next socket
