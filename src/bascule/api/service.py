@@ -23,7 +23,14 @@ from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import NotLeader, PartitionClosed, PartitionReplica
 from bascule.wire.batches import as_subscribe_request
 from bascule.wire.entry import CorruptEntry, Entry, Record, decode_entries, last_offset
-from bascule.wire.pb import admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2, data_pb2_grpc
+from bascule.wire.names import RESERVED_STREAMS, publish_subject_error
+from bascule.wire.pb import (
+    admin_pb2_grpc,
+    api_pb2,
+    api_pb2_grpc,
+    data_pb2,
+    data_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +107,12 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.CreateStreamResponse()
 
     async def DeleteStream(self, request, context):
+        await _refuse_internal_stream(request.name, context)
         await self._metadata_call(context, self.node.metadata.call("delete_stream", name=request.name))
         return api_pb2.DeleteStreamResponse()
 
     async def PauseStream(self, request, context):
+        await _refuse_internal_stream(request.name, context)
         await self._metadata_call(
             context,
             self.node.metadata.call(
@@ -114,6 +123,7 @@ class API(api_pb2_grpc.APIServicer):
         return api_pb2.PauseStreamResponse()
 
     async def SetStreamReadonly(self, request, context):
+        await _refuse_internal_stream(request.name, context)
         await self._metadata_call(
             context,
             self.node.metadata.call(
@@ -401,6 +411,9 @@ class API(api_pb2_grpc.APIServicer):
             correlationId=request.correlationId, ackPolicy=request.ackPolicy,
         )
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        problem = publish_subject_error(request.subject)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
             self._check_message(message.ByteSize(), message.headers)
             ack = await self.node.publish_to_subject(request.subject, message, wait, context.time_remaining())
@@ -457,6 +470,12 @@ def _record(request: api_pb2.PublishRequest, local: LocalPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
     headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
     return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+async def _refuse_internal_stream(name: str, context: grpc.aio.ServicerContext) -> None:
+    """The internal streams (cursors) are the server's own: clients may not delete or stop them."""
+    if name in RESERVED_STREAMS:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Stream name {name!r} is reserved")
 
 
 def publish_failure(error: BaseException) -> PublishError:

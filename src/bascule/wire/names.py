@@ -50,6 +50,14 @@ def subject_error(subject: str) -> str | None:
     return None
 
 
+def publish_subject_error(subject: str) -> str | None:
+    """Why a message cannot be published to ``subject`` (no wildcards there), or None."""
+    problem = subject_error(subject)
+    if problem is None and any(token in ("*", ">") for token in subject.split(".")):
+        problem = f"Cannot publish to wildcard subject {subject!r}"
+    return problem
+
+
 def group_error(group: str) -> str | None:
     """Why ``group`` cannot be a NATS queue group, or None (empty means no group)."""
     if len(group) > MAX_GROUP_LENGTH:
