@@ -203,3 +203,10 @@ def test_reserved_streams_journaled_earlier_still_apply():
     state = stream_state()
     assert apply(state, "create_stream", name="__cursors", subject="__cursors", group="", created=1,
                  settings={}, replicas=[["a"]]) is None
+
+
+def test_the_nodes_may_ask_for_the_internal_cursor_stream():
+    from bascule.wire.commands import validate_request
+
+    validate_request("create_stream", {"name": "__cursors", "subject": "__cursors", "group": "",
+                                       "replication_factor": 1, "partitions": 1, "settings": {}})

@@ -28,7 +28,7 @@ from bascule import durable
 from bascule.metadata.election import Position, Role, replica_role
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
-from bascule.metadata.state import INVALID_ARGUMENT, MetadataState, Partition, Stream
+from bascule.metadata.state import ALREADY_EXISTS, INVALID_ARGUMENT, MetadataState, Partition, Stream
 from bascule.node import capture
 from bascule.node.config import Config
 from bascule.node.embedded_nats import EmbeddedNats
@@ -269,8 +269,10 @@ class Node:
                     replication_factor=self.config.cursors.stream_replication_factor,
                     partitions=partitions, settings={},
                 )
-            except MetadataError:
-                return  # another node created it first
+            except MetadataError as exc:
+                if exc.code != ALREADY_EXISTS:  # else another node created it first
+                    log.error("could not create the cursor stream: %s", exc.message)
+                return
             except NoMetadataLeader:
                 await asyncio.sleep(0.2)
 
