@@ -2,6 +2,11 @@
 
 The server picks its own free port when asked (``-p -1``) and reports it in a ports file
 (``--ports_file_dir``); bascule reads the port from there, so no port is guessed and raced for.
+
+The server dies with the process that started it, even one killed by SIGKILL: a watchdog process
+beside it reads a pipe that only its starter holds open, and stops the server at end of file. With
+a log dir, the server's pid is also recorded there, so that a start finds a server a crashed run
+left listening (one whose watchdog died too) and stops it before taking its port.
 """
 
 from __future__ import annotations
@@ -9,22 +14,61 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import glob
+import itertools
 import json
+import logging
 import os
+import select
 import shutil
 import signal
+import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from bascule import durable
+
 StrPath = str | os.PathLike[str]
 
+log = logging.getLogger(__name__)
+
 LOG_FILE_NAME = "nats-server.log"
+PID_FILE_NAME = "nats-server.pid"
+LOCK_FILE_NAME = "nats-server.lock"
+PORTS_DIR_NAME = "nats-server-ports"
 LOG_TAIL_LINES = 40
 POLL_INTERVAL = 0.01
+STOP_GRACE = 5.0  # seconds a server not stopped by its owner gets between SIGTERM and SIGKILL
+PID_MAX_LIMIT = 1 << 22  # the kernel's: no pid is larger
+PID_FILE_READ_LIMIT = 64
+
+# Run by a second interpreter beside each nats-server: argv[1] is a pidfd of the server, stdin a
+# pipe whose write end only the server's starter holds. A pidfd names one process for good, so a
+# pid reused after the server exited is never signalled.
+WATCHDOG_SOURCE = """# the watchdog of a bascule node's embedded nats-server
+import os, select, signal, sys
+# Ctrl-C reaches the whole process group: the starter, not the watchdog, decides what follows.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pidfd, grace = int(sys.argv[1]), float(sys.argv[2])
+os.read(0, 1)  # end of file: the starter has exited or let go of the server
+
+def send(signum):
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        pass
+
+send(signal.SIGTERM)
+send(signal.SIGCONT)  # a paused server would never act on SIGTERM
+exited = select.poll()
+exited.register(pidfd, select.POLLIN)
+if not exited.poll(grace * 1000):
+    send(signal.SIGKILL)
+"""
 
 
 class EmbeddedNatsError(RuntimeError):
@@ -50,7 +94,9 @@ class EmbeddedNats:
     host: address to bind; None binds the config file's, else 127.0.0.1.
     port: None takes the config file's, else a free port; 0 always a free port.
     cluster_listen: route URL such as nats://127.0.0.1:-1 (-1 = a free port), enables clustering.
-    log_dir: where nats-server.log is appended; None keeps only the last lines, for error messages.
+    log_dir: where nats-server.log is appended and the running server's pid recorded (one server
+        per dir: a second is refused while the first runs); None keeps only the last lines of the
+        log, for error messages, and records no pid.
     """
 
     def __init__(
@@ -77,7 +123,8 @@ class EmbeddedNats:
         self._cluster_name = cluster_name
         self._cluster_listen = cluster_listen
         self._routes = tuple(routes)
-        self._log_path = os.path.join(log_dir, LOG_FILE_NAME) if log_dir is not None else None
+        self._files_dir = os.path.abspath(log_dir) if log_dir is not None else None
+        self._log_path = os.path.join(self._files_dir, LOG_FILE_NAME) if self._files_dir is not None else None
         self._startup_timeout = startup_timeout
         self._process: asyncio.subprocess.Process | None = None
         self._ports_dir: str | None = None
@@ -86,6 +133,9 @@ class EmbeddedNats:
         self._log_start = 0
         self._log_lines: collections.deque[bytes] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._drain_task: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None
+        self._watchdog: asyncio.subprocess.Process | None = None
+        self._watchdog_pipe: int | None = None
 
     @property
     def url(self) -> str:
@@ -121,13 +171,15 @@ class EmbeddedNats:
     async def start(self) -> None:
         if self._process is not None:
             raise EmbeddedNatsError("nats-server is already running")
-        self._ports_dir = tempfile.mkdtemp(prefix="bascule-nats-")
+        self._ports_dir = await self._claim_ports_dir()
         try:
             self._process = await self._spawn()
         except BaseException:
-            self._remove_ports_dir()
+            self._release_files()
             raise
         try:
+            self._record_pid()
+            await self._start_watchdog()
             await self._wait_until_ready()
         except BaseException:
             await self.kill()
@@ -206,7 +258,6 @@ class EmbeddedNats:
             assert process.stdout is not None
             self._drain_task = asyncio.create_task(self._drain(process.stdout))
             return process
-        os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
         with open(self._log_path, "ab") as log_file:
             self._log_start = log_file.tell()
             return await asyncio.create_subprocess_exec(
@@ -276,12 +327,173 @@ class EmbeddedNats:
             await self._drain_task
             self._drain_task = None
         self._process = None
-        self._remove_ports_dir()
+        await self._stop_watchdog()
+        self._forget_pid()
+        self._release_files()
 
-    def _remove_ports_dir(self) -> None:
+    # ---- the files of a run: ports dir, pid file, lock ------------------------------------------
+
+    async def _claim_ports_dir(self) -> str:
+        """An empty dir for the ports file: with a log dir, a subdir of it, once any server that a
+        crashed run left there is stopped; else a temporary dir."""
+        if self._files_dir is None:
+            return tempfile.mkdtemp(prefix="bascule-nats-")
+        self._lock_files_dir()
+        try:
+            await self._stop_leftover()
+            # Its name on the command line marks a server as this dir's (see _serves_this_dir).
+            ports_dir = self._files_path(PORTS_DIR_NAME)
+            shutil.rmtree(ports_dir, ignore_errors=True)
+            os.mkdir(ports_dir)
+        except BaseException:
+            self._release_files()
+            raise
+        return ports_dir
+
+    def _lock_files_dir(self) -> None:
+        """Without this a second node started on the same data dir would take the first one's
+        running server for a leftover and stop it. The kernel drops the lock when its holder dies."""
+        assert self._files_dir is not None
+        os.makedirs(self._files_dir, exist_ok=True)
+        lock_fd = os.open(self._files_path(LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise EmbeddedNatsError(
+                f"a nats-server for {self._files_dir} runs already (its starter holds {LOCK_FILE_NAME} there)"
+            ) from None
+        self._lock_fd = lock_fd
+
+    def _files_path(self, name: str) -> str:
+        assert self._files_dir is not None
+        return os.path.join(self._files_dir, name)
+
+    def _record_pid(self) -> None:
+        assert self._process is not None
+        if self._files_dir is not None:
+            durable.write_atomically(self._files_path(PID_FILE_NAME), f"{self._process.pid}\n")
+
+    def _recorded_pid(self) -> int | None:
+        """The pid in the pid file; None, and a log line saying why, when there is none to act on."""
+        try:
+            with open(self._files_path(PID_FILE_NAME), "rb") as pid_file:
+                recorded = pid_file.read(PID_FILE_READ_LIMIT)
+        except FileNotFoundError:
+            return None
+        text = recorded.strip()
+        if text.isdigit() and 0 < int(text) <= PID_MAX_LIMIT:
+            return int(text)
+        log.warning("ignoring %s: %r is not a process id", self._files_path(PID_FILE_NAME), recorded)
+        return None
+
+    async def _stop_leftover(self) -> None:
+        """Stop the server the pid file names, if it still runs and was started for this dir."""
+        pid = self._recorded_pid()
+        if pid is None:
+            return
+        # Through a pidfd: the pid cannot come to name another process between check and signal.
+        with _opened_pidfd(pid) as pidfd:
+            if pidfd is None or _has_exited(pidfd):
+                log.info("nats-server %d of an earlier run of %s has exited", pid, self._files_dir)
+            elif not self._serves_this_dir(pid):
+                log.info("pid %d, named by %s, is not this dir's nats-server now: left alone", pid, PID_FILE_NAME)
+            else:
+                log.warning("stopping nats-server %d, left running by an earlier run of %s", pid, self._files_dir)
+                await _stop_by_pidfd(pidfd)
+
+    def _serves_this_dir(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
+                argv = cmdline_file.read().split(b"\0")
+        except OSError:
+            return False
+        marker = (b"--ports_file_dir", os.fsencode(self._files_path(PORTS_DIR_NAME)))
+        return os.path.basename(argv[0]) == b"nats-server" and marker in itertools.pairwise(argv)
+
+    def _forget_pid(self) -> None:
+        if self._files_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._files_path(PID_FILE_NAME))
+
+    def _release_files(self) -> None:
         if self._ports_dir is not None:
             shutil.rmtree(self._ports_dir, ignore_errors=True)
             self._ports_dir = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # which releases the lock
+            self._lock_fd = None
+
+    # ---- the watchdog ---------------------------------------------------------------------------
+
+    async def _start_watchdog(self) -> None:
+        assert self._process is not None
+        with _opened_pidfd(self._process.pid) as pidfd:
+            if pidfd is None:
+                return  # the server has exited already, which _wait_until_ready reports
+            read_end, self._watchdog_pipe = os.pipe()
+            try:
+                self._watchdog = await asyncio.create_subprocess_exec(
+                    sys.executable, "-I", "-S", "-c", WATCHDOG_SOURCE, str(pidfd), str(STOP_GRACE),
+                    stdin=read_end,
+                    pass_fds=(pidfd,),
+                )
+            finally:
+                os.close(read_end)
+
+    async def _stop_watchdog(self) -> None:
+        """Once the server is reaped: the watchdog then finds it gone and exits."""
+        if self._watchdog_pipe is not None:
+            os.close(self._watchdog_pipe)
+            self._watchdog_pipe = None
+        if self._watchdog is not None:
+            await self._watchdog.wait()
+            self._watchdog = None
+
+
+@contextlib.contextmanager
+def _opened_pidfd(pid: int) -> Iterator[int | None]:
+    """A pidfd of process `pid`, or None when there is no such process."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        yield None
+        return
+    try:
+        yield pidfd
+    finally:
+        os.close(pidfd)
+
+
+def _pidfd_signal(pidfd: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signum)
+
+
+def _has_exited(pidfd: int) -> bool:
+    exited = select.poll()
+    exited.register(pidfd, select.POLLIN)
+    return bool(exited.poll(0))
+
+
+async def _stop_by_pidfd(pidfd: int) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within STOP_GRACE seconds."""
+    _pidfd_signal(pidfd, signal.SIGTERM)
+    # A paused server would never act on SIGTERM.
+    _pidfd_signal(pidfd, signal.SIGCONT)
+    if not await _wait_for_exit(pidfd, STOP_GRACE):
+        _pidfd_signal(pidfd, signal.SIGKILL)
+        await _wait_for_exit(pidfd, STOP_GRACE)
+
+
+async def _wait_for_exit(pidfd: int, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not _has_exited(pidfd):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(POLL_INTERVAL)
+    return True
 
 
 def _preferred_url(urls: Sequence[str]) -> str:
