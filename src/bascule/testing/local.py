@@ -589,8 +589,8 @@ class LocalNode(_Process):
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        # Temporary files of the node (its embedded nats-server's ports dir, say) stay in its data
-        # dir, so that a SIGKILL, which skips their cleanup, leaves nothing in the system's /tmp.
+        # Temporary files of the node stay in its data dir, so that a SIGKILL, which skips their
+        # cleanup, leaves nothing in the system's /tmp.
         tmp = self.data_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(tmp)
