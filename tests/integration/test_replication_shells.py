@@ -4,6 +4,7 @@ nats-server, without a node around them: what a failure inside the follower loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -21,6 +22,29 @@ from bascule.wire.entry import Record
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
+@contextlib.asynccontextmanager
+async def loopback_nats(tmp_path):
+    """A real nats-server on loopback and a connection to it, for the shells to talk over."""
+    server = LocalNatsServer(tmp_path / "nats.log")
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        try:
+            yield nc, Subjects("shells")
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
+
+
+def rot_entry(directory, value: bytes) -> None:
+    """Flip a byte of the stored entry holding ``value``, as a disk that rots would."""
+    segment = next(directory.glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[data.index(value)] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
 async def until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -32,11 +56,7 @@ async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplo
     """The follower's first append raises (a bug, a transient disk error): the loop logs it, starts
     again from its log and catches up; it never silently stops fetching."""
     caplog.set_level(logging.ERROR, logger="bascule.partition.follower")
-    server = LocalNatsServer(tmp_path / "nats.log")
-    server.start()
-    try:
-        nc = await nats.connect(server.url)
-        subjects = Subjects("shells")
+    async with loopback_nats(tmp_path) as (nc, subjects):
         leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
         leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
         endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
@@ -70,27 +90,17 @@ async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplo
             await endpoint.stop()
             leader.close()
             follower_replica.close()
-            await nc.close()
-    finally:
-        server.stop()
 
 
 async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader(tmp_path) -> None:
     """A byte of entry 5 rots on the leader's disk: the follower keeps 0..4, never takes the damaged
     bytes for an answer (it used to idle there as if caught up, forever) and reports the leader
     after the leader timeout, so that the metadata leader replaces it."""
-    server = LocalNatsServer(tmp_path / "nats.log")
-    server.start()
-    try:
-        nc = await nats.connect(server.url)
-        subjects = Subjects("shells")
+    async with loopback_nats(tmp_path) as (nc, subjects):
         leader_log = CommitLog.open(tmp_path / "leader")
         leader_log.append([Record(b"value-%d" % i) for i in range(10)], 1)
         leader_log.sync()
-        segment = next((tmp_path / "leader").glob("*.log"))
-        data = bytearray(segment.read_bytes())
-        data[data.index(b"value-5")] ^= 0xFF
-        segment.write_bytes(bytes(data))
+        rot_entry(tmp_path / "leader", b"value-5")
         leader = PartitionReplica("s", 0, leader_log, SyncPolicy(), time.monotonic)
         leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
         endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
@@ -114,9 +124,6 @@ async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader
             await endpoint.stop()
             leader.close()
             follower_replica.close()
-            await nc.close()
-    finally:
-        server.stop()
 
 
 async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_again(tmp_path) -> None:
@@ -124,21 +131,14 @@ async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_aga
     at 5 is refused; A's re-read (checked, because the follower asked again) records the damage
     (A's election position now ends at 5), and once B leads, A as follower cuts its log at 5 and
     fetches 5..9 from B: every replica again holds every committed entry."""
-    server = LocalNatsServer(tmp_path / "nats.log")
-    server.start()
-    try:
-        nc = await nats.connect(server.url)
-        subjects = Subjects("shells")
+    async with loopback_nats(tmp_path) as (nc, subjects):
         a = PartitionReplica("s", 0, CommitLog.open(tmp_path / "a"), SyncPolicy(), time.monotonic)
         b = PartitionReplica("s", 0, CommitLog.open(tmp_path / "b"), SyncPolicy(), time.monotonic)
         for replica in (a, b):
             replica.log.append([Record(b"value-%d" % i) for i in range(10)], 1)
             replica.log.high_watermark = 4
             replica.log.sync()
-        segment = next((tmp_path / "a").glob("*.log"))
-        data = bytearray(segment.read_bytes())
-        data[data.index(b"value-5")] ^= 0xFF
-        segment.write_bytes(bytes(data))
+        rot_entry(tmp_path / "a", b"value-5")
         b.log.truncate(5)  # B is behind: it will ask A for 5 onwards
 
         async def no_report(*_: object) -> None:
@@ -170,6 +170,3 @@ async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_aga
             await endpoint.stop()
             a.close()
             b.close()
-            await nc.close()
-    finally:
-        server.stop()

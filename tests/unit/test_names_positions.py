@@ -74,3 +74,13 @@ def test_stop_rules():
     assert by_time.done_before(11, 51) and not by_time.done_before(11, 50)
     with pytest.raises(EndOfStream):
         stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_LATEST), LogBounds(0, -1, -1))
+
+
+@pytest.mark.parametrize("bad", ["a\u00a0b", "a\u200bb", "a\u2028b", "a\tb", "a\r\nb", "a\x00b", "a\x7fb"])
+def test_one_rule_keeps_names_out_of_nats_protocol_lines(bad):
+    """Subjects, queue groups and broker ids are refused by the same rule the capture connection
+    applies, so nothing the metadata accepts is refused later when a partition starts capturing."""
+    from bascule.wire.names import broker_id_error, group_error, is_protocol_token
+
+    assert not is_protocol_token(bad)
+    assert subject_error(bad) and group_error(bad) and broker_id_error(bad)

@@ -490,7 +490,7 @@ def publish_failure(error: BaseException) -> PublishError:
         return PublishError(status, error.message, async_code)
     if isinstance(error, NoMetadataLeader):
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {NO_LEADER}", "UNKNOWN")
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+    if isinstance(error, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
     if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")

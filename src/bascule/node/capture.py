@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from bascule.wire import envelope
 from bascule.wire.entry import Record, encode_headers
+from bascule.wire.names import is_protocol_token
 from bascule.wire.pb import api_pb2
 
 log = logging.getLogger(__name__)
@@ -97,16 +98,11 @@ def _record_from_publish(
     ack = None
     inbox = message.ackInbox
     if inbox and message.ackPolicy != NONE:
-        if _is_subject(inbox):
+        if is_protocol_token(inbox):
             ack = AckRequest(inbox, message.correlationId, message.ackPolicy, subject)
         else:
             log.warning("not acking a message on %s: its ack inbox %r is not a NATS subject", subject, inbox[:100])
     return record, ack
-
-
-def _is_subject(name: str) -> bool:
-    """Whether name can go on a PUB line as it is: no whitespace, no control characters."""
-    return name.isprintable() and " " not in name
 
 
 def ack_message(

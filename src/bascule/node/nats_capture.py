@@ -24,6 +24,8 @@ import re
 from typing import Callable
 from urllib.parse import SplitResult, urlsplit
 
+from bascule.wire.names import is_protocol_token
+
 log = logging.getLogger(__name__)
 
 Delivery = tuple[str, str, bytes]  # subject, reply, payload
@@ -58,11 +60,11 @@ def _subject(raw: bytes) -> str:
 
 
 def _check_name(kind: str, name: str) -> None:
-    """Refuse a name that cannot go verbatim into a protocol line: a CR or LF would end the line
-    and start a command of the name's choosing, a space or tab would shift the arguments."""
+    """Refuse a name that cannot go verbatim into a protocol line (callers validate names too;
+    this connection does not rely on them)."""
     if not name:
         raise ValueError(f"empty {kind}")
-    if not name.isprintable() or " " in name:
+    if not is_protocol_token(name):
         raise ValueError(f"{kind} {name[:100]!r} contains whitespace or control characters")
 
 

@@ -11,16 +11,20 @@ RESERVED_STREAMS = frozenset({"__activity", "__cursors"})
 CURSORS_STREAM = "__cursors"
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_\-.]{0,248}")
-_SUBJECT_TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
-# Printable, no whitespace: these go verbatim into NATS protocol lines (SUB subject group sid).
-_PROTOCOL_TOKEN = re.compile(r"[!-~\u00a0-\U0010ffff]+")
-_CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]")
+_SUBJECT_SPECIALS = frozenset(".*>")
 
 MAX_SUBJECT_LENGTH = 1024
 MAX_GROUP_LENGTH = 255
 MAX_BROKER_ID_LENGTH = 255
 MAX_PARTITIONS = 1024  # per stream: placement and every node's reconcile walk them all
 MAX_REPLICATION_FACTOR = 64
+
+
+def is_protocol_token(value: str) -> bool:
+    """Whether ``value`` can go verbatim into a NATS protocol line (SUB, PUB): not empty, no
+    whitespace or control characters (a CR or LF would end the line and start a command of the
+    value's choosing, a space would shift the arguments)."""
+    return bool(value) and value.isprintable() and " " not in value
 
 
 def stream_name_error(name: str) -> str | None:
@@ -45,7 +49,7 @@ def subject_error(subject: str) -> str | None:
     for index, token in enumerate(tokens):
         if token == "*" or (token == ">" and index == len(tokens) - 1):
             continue
-        if not _SUBJECT_TOKEN.fullmatch(token):
+        if not is_protocol_token(token) or _SUBJECT_SPECIALS.intersection(token):
             return f"Invalid subject {subject!r}"
     return None
 
@@ -62,7 +66,7 @@ def group_error(group: str) -> str | None:
     """Why ``group`` cannot be a NATS queue group, or None (empty means no group)."""
     if len(group) > MAX_GROUP_LENGTH:
         return f"Group longer than {MAX_GROUP_LENGTH} characters"
-    if group and not _PROTOCOL_TOKEN.fullmatch(group):
+    if group and not is_protocol_token(group):
         return f"Invalid group {group!r}: no whitespace or control characters"
     return None
 
@@ -71,7 +75,7 @@ def broker_id_error(broker_id: str) -> str | None:
     """Why ``broker_id`` cannot name a broker (it becomes a NATS subject token), or None."""
     if not broker_id or len(broker_id) > MAX_BROKER_ID_LENGTH:
         return f"Broker id must have 1 to {MAX_BROKER_ID_LENGTH} characters"
-    if _CONTROL_OR_SPACE.search(broker_id) or any(c in broker_id for c in ".*>"):
+    if not is_protocol_token(broker_id) or _SUBJECT_SPECIALS.intersection(broker_id):
         return f"Invalid broker id {broker_id!r}: no whitespace, control characters, '.', '*' or '>'"
     return None
 
