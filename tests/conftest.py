@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from bascule.node.config import load_config
-from bascule.node.server import run
+from bascule.config import load_config
+from bascule.server import run
 
 
 @pytest.fixture

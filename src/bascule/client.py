@@ -18,6 +18,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from bascule.wire.batches import as_batch_request
 from bascule.wire.entry import decode_entries
+from bascule.wire.settings import set_on_request
 from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2_grpc
 
 ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
@@ -27,14 +28,6 @@ START_POSITIONS = {
     "latest": api_pb2.StartPosition.LATEST,
     "offset": api_pb2.StartPosition.OFFSET,
     "timestamp": api_pb2.StartPosition.TIMESTAMP,
-}
-_NULLABLE_SETTINGS = {
-    "retention_max_bytes": ("retentionMaxBytes", 1),
-    "retention_max_messages": ("retentionMaxMessages", 1),
-    "retention_max_age": ("retentionMaxAge", 1000),  # seconds -> ms
-    "segment_max_bytes": ("segmentMaxBytes", 1),
-    "segment_max_age": ("segmentMaxAge", 1000),
-    "min_isr": ("minIsr", 1),
 }
 
 
@@ -185,18 +178,15 @@ class Client:
         group: str = "",
         replication_factor: int = 1,
         partitions: int = 1,
-        **settings: int,
+        **settings: float | bool,
     ) -> None:
-        """Create a stream; settings: retention_max_bytes/messages/age (s), segment_max_bytes/age (s), min_isr."""
+        """Create a stream; ``settings`` are bascule.wire.settings' keys, durations in seconds
+        (retention_max_age=3600, segment_max_bytes=1 << 20, min_isr=2, ...)."""
         request = api_pb2.CreateStreamRequest(
             name=name, subject=subject or name, group=group,
             replicationFactor=replication_factor, partitions=partitions,
         )
-        for key, value in settings.items():
-            if key not in _NULLABLE_SETTINGS:
-                raise ValueError(f"unknown stream setting {key!r}")
-            field_name, scale = _NULLABLE_SETTINGS[key]
-            getattr(request, field_name).value = int(value * scale)
+        set_on_request(request, settings)
         await self._stub().CreateStream(request, timeout=self.timeout)
 
     @_rpc_errors

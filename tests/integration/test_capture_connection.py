@@ -7,8 +7,8 @@ import collections
 import nats
 import pytest
 
-from bascule.node.embedded_nats import EmbeddedNats
-from bascule.node.nats_capture import CaptureConnection
+from bascule.natsio.capture import CaptureConnection
+from bascule.natsio.server import EmbeddedNats
 
 pytestmark = pytest.mark.anyio
 

@@ -423,7 +423,7 @@ async def test_follower_loop_stops_even_when_a_reply_lands_in_the_same_turn(tmp_
     from bascule.partition.follower import FollowerLoop, FollowerSettings
     from bascule.partition.log import CommitLog
     from bascule.partition.replica import PartitionReplica, SyncPolicy
-    from bascule.partition.subjects import Subjects
+    from bascule.wire.subjects import Subjects
 
     class NatsLikeNatsPy:
         """request() as nats-py 2.x does it: publish, then asyncio.wait_for(future, timeout)."""
@@ -469,7 +469,7 @@ async def test_one_lost_request_does_not_get_a_healthy_leader_reported(tmp_path)
     from bascule.partition.follower import FollowerLoop, FollowerSettings
     from bascule.partition.log import CommitLog
     from bascule.partition.replica import PartitionReplica, SyncPolicy
-    from bascule.partition.subjects import Subjects
+    from bascule.wire.subjects import Subjects
     from bascule.wire import replicate
 
     class LateLeader:

@@ -5,7 +5,7 @@ import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from bascule.node.embedded_nats import EmbeddedNats, EmbeddedNatsError, nats_server_path
+from bascule.natsio.server import EmbeddedNats, EmbeddedNatsError, nats_server_path
 
 pytestmark = pytest.mark.anyio
 

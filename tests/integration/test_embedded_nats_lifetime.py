@@ -19,19 +19,19 @@ from pathlib import Path
 import nats
 import pytest
 
-from bascule.node.embedded_nats import PID_FILE_NAME, EmbeddedNats, EmbeddedNatsError
+from bascule.natsio.server import PID_FILE_NAME, EmbeddedNats, EmbeddedNatsError
 from bascule.testing.local import free_port, wait_for_brokers
 
 BASCULE = Path(sys.executable).with_name("bascule")
 SERVER_ID = "lifetime"
 READY_TIMEOUT = 15.0
 EXIT_TIMEOUT = 5.0
-LAUNCHER_LOGGER = "bascule.node.embedded_nats"
+LAUNCHER_LOGGER = "bascule.natsio.server"
 
 # A node's stand-in for the in-process tests: starts an embedded server for a dir, then waits.
 LAUNCHER_SOURCE = """
 import asyncio, sys
-from bascule.node.embedded_nats import EmbeddedNats
+from bascule.natsio.server import EmbeddedNats
 
 async def main():
     server = EmbeddedNats(log_dir=sys.argv[1])

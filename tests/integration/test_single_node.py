@@ -195,7 +195,7 @@ async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):
                 api_pb2.PublishRequest(stream="ro", value=b"x", correlationId="4", ackPolicy=ALL),
                 api_pb2.PublishRequest(stream="pz", value=b"resumes", correlationId="5", ackPolicy=ALL),
                 api_pb2.PublishRequest(stream="ok", value=b"b", correlationId="6", ackPolicy=api_pb2.AckPolicy.LEADER),
-                api_pb2.PublishRequest(stream="ok", value=b"x" * (node.max_message_bytes + 1), correlationId="7"),
+                api_pb2.PublishRequest(stream="ok", value=b"x" * (node.publishing.max_message_bytes + 1), correlationId="7"),
             ]
 
             async def stream():
@@ -225,7 +225,7 @@ async def test_restart_keeps_streams_and_messages(tmp_path):
         async with Client(address) as client:
             await client.wait_ready()
             for _ in range(50):
-                if node.local_partition("keep", 0):
+                if node.partitions.get("keep", 0):
                     break
                 await asyncio.sleep(0.05)
             got = [m.value async for m in client.subscribe("keep", start="earliest", stop_latest=True)]
@@ -240,7 +240,7 @@ async def test_oversize_publish_is_refused_and_node_keeps_serving(tmp_path):
             await client.wait_ready()
             await client.create_stream("big", "big")
             with pytest.raises(BasculeError) as failure:
-                await client.publish("big", b"x" * (node.max_message_bytes + 1))
+                await client.publish("big", b"x" * (node.publishing.max_message_bytes + 1))
             assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
             assert "exceeds the limit" in failure.value.message
             assert (await client.publish("big", b"small")).offset == 0

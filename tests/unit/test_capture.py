@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from bascule.node.capture import (
+from bascule.wire.capture import (
     ALL, LEADER, NONE, AckRequest, ack_message, capture_batch, encode_acks, record_from_nats,
 )
 from bascule.wire import envelope

@@ -1,12 +1,14 @@
 import argparse
+import gzip
 import random
+import re
 import textwrap
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bascule.node.config import (
+from bascule.config import (
     DEFAULT_NATS_URL,
     Config,
     ConfigError,
@@ -321,6 +323,17 @@ def test_config_error_is_a_value_error():
         (bytes(random.Random(7).randrange(256) for _ in range(512)), "not valid YAML"),
         ("1: a\n", "top level: setting names must be strings, got 1"),
         ("clustering: {7: a}\n", "clustering: setting names must be strings, got 7"),
+        ("42\n", "expected a mapping of settings, got a int"),
+        ("port: !!python/object/apply:os.system [true]\n", "not valid YAML"),
+        (b"port: 92\x0092\n", "not valid YAML"),
+        (gzip.compress(b"port: 9292\n"), "not valid YAML"),
+        ("port: 9292.5\n", "port: expected an integer from 0 to 65535, got 9292.5"),
+        ("cursors.stream.partitions: [1]\n", "cursors.stream.partitions: expected an integer >= 0, got [1]"),
+        ("streams.retention.max.age: -1s\n", "streams.retention.max.age: expected a duration like 15s, got '-1s'"),
+        ("clustering: {replica.fetch.timeout: -0.5}\n",
+         "clustering.replica.fetch.timeout: expected a duration like 15s, got -0.5"),
+        ("streams:\n  retention.max.agee: 1h\n",
+         "streams.retention.max.agee: unknown setting (did you mean streams.retention.max.age?)"),
     ],
 )
 def test_garbage_files_give_a_clear_error(write_config, content, message):
@@ -334,6 +347,11 @@ def test_a_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "missing.yaml"
     with pytest.raises(ConfigError, match="missing.yaml: cannot read the configuration file"):
         load_config(str(missing), {})
+
+
+def test_a_directory_is_not_a_configuration_file(tmp_path):
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(tmp_path))}: cannot read the configuration file"):
+        load_config(str(tmp_path), {})
 
 
 # ---- flags ---------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ returned; and when an fsync fails, the call raises and the old contents stay.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import signal
@@ -16,14 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from bascule import durable
-from bascule.node import node as node_module
-from bascule.node.config import ClusteringConfig, Config
-from bascule.node.node import Node
+from bascule.config import ClusteringConfig
+from bascule.node import identity
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names synced files through /proc")
 
@@ -126,40 +123,36 @@ def test_a_sigkill_mid_write_leaves_one_whole_version(tmp_path):
 # ---- the node's identity files ---------------------------------------------------------------------
 
 
-def node(tmp_path: Path) -> Node:
-    return Node(Config(data_dir=str(tmp_path), clustering=ClusteringConfig(raft_listen="127.0.0.1:0")))
+CLUSTERING = ClusteringConfig(raft_listen="127.0.0.1:0")
 
 
 def test_the_generated_server_id_is_on_disk_before_it_is_used(tmp_path, synced):
-    server_id = node(tmp_path)._server_id()
+    server_id = identity.server_id(CLUSTERING, tmp_path)
     assert synced == [
         ("fsync", "server-id.tmp"), ("replace", "server-id.tmp -> server-id"), ("fsync", tmp_path.name)
     ]
-    assert node(tmp_path)._server_id() == server_id
+    assert identity.server_id(CLUSTERING, tmp_path) == server_id
 
 
 def test_the_raft_address_is_on_disk_before_it_is_used(tmp_path, synced):
-    address = node(tmp_path)._raft_address()
+    address = identity.raft_address(CLUSTERING, tmp_path)
     assert synced == [
         ("fsync", "raft-address.tmp"), ("replace", "raft-address.tmp -> raft-address"), ("fsync", tmp_path.name)
     ]
-    assert node(tmp_path)._raft_address() == address
+    assert identity.raft_address(CLUSTERING, tmp_path) == address
 
 
-def test_the_joined_peers_are_on_disk_before_they_are_used(tmp_path, monkeypatch, synced):
-    async def join_cluster(*_):
-        return ["127.0.0.1:7001", "127.0.0.1:7002"]
-
-    monkeypatch.setattr(node_module, "join_cluster", join_cluster)
-    peers = asyncio.run(node(tmp_path)._raft_peers("127.0.0.1:7002"))
+def test_the_joined_peers_are_on_disk_before_they_are_used(tmp_path, synced):
+    assert identity.known_raft_peers(CLUSTERING, tmp_path, "127.0.0.1:7002") is None  # must join first
+    peers = identity.remember_raft_members(tmp_path, ["127.0.0.1:7001", "127.0.0.1:7002"], "127.0.0.1:7002")
     assert peers == ["127.0.0.1:7001"]
     assert synced == [("fsync", "peers.tmp"), ("replace", "peers.tmp -> peers"), ("fsync", "raft")]
-    assert asyncio.run(node(tmp_path)._raft_peers("127.0.0.1:7002")) == peers
+    assert identity.known_raft_peers(CLUSTERING, tmp_path, "127.0.0.1:7002") == peers
 
 
 def test_a_failed_fsync_of_the_server_id_leaves_no_id_file(tmp_path, monkeypatch):
     """Starting must fail rather than run under an id the disk may forget (or keep empty)."""
     failing_fsync(monkeypatch)
     with pytest.raises(OSError):
-        node(tmp_path)._server_id()
+        identity.server_id(CLUSTERING, tmp_path)
     assert os.listdir(tmp_path) == []

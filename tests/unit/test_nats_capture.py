@@ -6,7 +6,7 @@ import asyncio
 import pytest
 from hypothesis import given, strategies as st
 
-from bascule.node.nats_capture import MAX_CONTROL_LINE, CaptureConnection, _Link
+from bascule.natsio.capture import MAX_CONTROL_LINE, CaptureConnection, _Link
 
 LOOP = asyncio.new_event_loop()  # only to make futures; never run
 

@@ -214,9 +214,9 @@ async def test_a_failed_periodic_sync_fails_the_replica(tmp_path, monkeypatch):
         await until(lambda: replica.high_watermark == 0)
         _fail_fsyncs_once(monkeypatch, ".log")
         with pytest.raises(ReplicaFailed):
-            replica.sync()
+            await replica.sync()
         with pytest.raises(ReplicaFailed):
-            replica.sync()  # fsync works again: the failure stands
+            await replica.sync()  # fsync works again: the failure stands
         with pytest.raises(ReplicaFailed):
             replica.submit([Record(b"b")])
         assert isinstance(replica.failed, LogFailed) and replica.failed.errno == errno.EIO
@@ -252,7 +252,7 @@ async def test_a_full_disk_fails_one_append_and_the_replica_goes_on(tmp_path, mo
 async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypatch):
     """A failed replica's follower must not go on fetching (the leader would count its log end)."""
     from bascule.partition.follower import FollowerLoop, FollowerSettings
-    from bascule.partition.subjects import Subjects
+    from bascule.wire.subjects import Subjects
 
     class LeaderNotAnswering:
         async def request(self, subject, payload, timeout):
@@ -271,7 +271,7 @@ async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypa
         await asyncio.sleep(0.05)
         _fail_fsyncs_once(monkeypatch, ".log")
         with pytest.raises(ReplicaFailed):
-            replica.sync()
+            await replica.sync()
         await asyncio.wait_for(asyncio.shield(loop._task), 2)
     finally:
         await loop.stop()

@@ -122,7 +122,8 @@ class Cluster:
         self._apply("register_broker", id=rid, host="h", port=1, raft="r", incarnation=f"{rid}-{r.incarnation}")
 
     def _apply(self, op: str, **fields):
-        return self.meta.apply({"op": op, **fields})
+        self.meta, result = self.meta.apply({"op": op, **fields})
+        return result
 
     @property
     def _partition(self):

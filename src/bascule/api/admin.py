@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from bascule.node.node import Node
+from bascule.api.ports import Cluster, ClusterQueries
 from bascule.wire.pb import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -19,12 +19,13 @@ GATHER_TIMEOUT = 1.0
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, cluster: Cluster, queries: ClusterQueries) -> None:
+        self.cluster = cluster
+        self.queries = queries
 
     async def Status(self, request, context):
-        quorum = await self.node.raft_quorum()
-        brokers = self.node.read(lambda s: list(s.brokers.values()))
+        quorum = await self.queries.raft_quorum()
+        brokers = list(self.cluster.state.brokers.values())
         by_raft = {b.raft: b.id for b in brokers}
         response = admin_pb2.StatusResponse(
             raftLeader=quorum["leader"], raftLeaderId=by_raft.get(quorum["leader"], ""),
@@ -42,14 +43,12 @@ class Admin(admin_pb2_grpc.AdminServicer):
         return response
 
     async def Partitions(self, request, context):
-        reports = await self.node.gather_replica_reports(GATHER_TIMEOUT)
-        partitions = self.node.read(
-            lambda s: [
-                (p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly)
-                for st in s.streams.values() if not request.stream or st.name == request.stream
-                for p in st.partitions.values()
-            ]
-        )
+        reports = await self.queries.gather_replica_reports(GATHER_TIMEOUT)
+        partitions = [
+            (p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly)
+            for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream
+            for p in st.partitions.values()
+        ]
         response = admin_pb2.PartitionsResponse()
         for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly in sorted(partitions):
             key = f"{stream}/{pid}"

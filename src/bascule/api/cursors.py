@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bascule.wire.names import CURSORS_STREAM
-from bascule.node.node import Node
+from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.wire.entry import Record
+from bascule.wire.names import CURSORS_STREAM
 from bascule.wire.pb import api_pb2
 
 OFFSET = struct.Struct(">q")
@@ -39,35 +39,50 @@ def cursor_key(cursor_id: str, stream: str, partition: int) -> bytes:
 
 
 class Cursors:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, cluster: Cluster, replicas: Replicas, publishing: Publishing) -> None:
+        self.cluster = cluster
+        self.replicas = replicas
+        self.publishing = publishing
         self._indexes: dict[int, CursorIndex] = {}
 
-    def _partition(self, key: bytes):
-        count = self.node.read(
-            lambda s: len(s.streams[CURSORS_STREAM].partitions) if CURSORS_STREAM in s.streams else 0
-        )
-        if not count:
+    async def SetCursor(self, request, context):
+        try:
+            await self.set(request.stream, request.partition, request.cursorId, request.offset)
+        except CursorError as exc:
+            await context.abort(exc.status, exc.message)
+        return api_pb2.SetCursorResponse()
+
+    async def FetchCursor(self, request, context):
+        try:
+            offset = self.fetch(request.stream, request.partition, request.cursorId)
+        except CursorError as exc:
+            await context.abort(exc.status, exc.message)
+        return api_pb2.FetchCursorResponse(offset=offset)
+
+    def _partition(self, key: bytes) -> tuple[int, LedPartition]:
+        cursors = self.cluster.state.streams.get(CURSORS_STREAM)
+        count = len(cursors.partitions) if cursors is not None else 0
+        if cursors is None or not count:
             raise CursorError(grpc.StatusCode.INTERNAL, "cursor stream is not enabled (cursors.stream.partitions)")
         index = zlib.crc32(key) % count
-        local = self.node.local_partition(CURSORS_STREAM, index)
-        leader = self.node.read(lambda s: s.partition(CURSORS_STREAM, index).leader)
-        if local is None or leader != self.node.server_id or not local.replica.is_leader:
+        local = self.replicas.get(CURSORS_STREAM, index)
+        leader = cursors.partitions[index].leader
+        if local is None or leader != self.cluster.server_id or not local.replica.is_leader:
             raise CursorError(grpc.StatusCode.FAILED_PRECONDITION, "Server not cursor partition leader")
         return index, local
 
     def _validate(self, stream: str, partition: int, cursor_id: str) -> None:
         if not cursor_id:
             raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No cursor id provided")
-        if self.node.read(lambda s: s.partition(stream, partition)) is None:
+        if self.cluster.state.partition(stream, partition) is None:
             raise CursorError(grpc.StatusCode.NOT_FOUND, "No such partition")
 
     async def set(self, stream: str, partition: int, cursor_id: str, offset: int) -> None:
         self._validate(stream, partition, cursor_id)
         key = cursor_key(cursor_id, stream, partition)
         _, local = self._partition(key)
-        await self.node.publish_local(
-            local, Record(value=OFFSET.pack(offset), key=key), api_pb2.AckPolicy.ALL, "", local.subject
+        await self.publishing.publish(
+            local.replica, local.subject, Record(value=OFFSET.pack(offset), key=key), api_pb2.AckPolicy.ALL, ""
         )
 
     def fetch(self, stream: str, partition: int, cursor_id: str) -> int:
@@ -80,7 +95,7 @@ class Cursors:
         self._read_forward(index, local)
         return index.offsets.get(key, -1)
 
-    def _read_forward(self, index: CursorIndex, local) -> None:
+    def _read_forward(self, index: CursorIndex, local: LedPartition) -> None:
         replica = local.replica
         index.log_next_offset = max(index.log_next_offset, replica.log.oldest_offset)
         while index.log_next_offset <= replica.high_watermark:

@@ -1,17 +1,16 @@
 """The pysyncobj shell around the metadata state machine.
 
 pysyncobj runs its own tick thread; commands are applied there. Results travel to
-the asyncio loop with ``call_soon_threadsafe``, and readers on the loop take the
-state lock only for as long as a read takes.
+the asyncio loop with ``call_soon_threadsafe``; readers on the loop take the current
+state, an immutable value that the tick thread replaces and never changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -23,7 +22,9 @@ from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+# A command that pysyncobj neither commits nor fails within this long (a leader that lost its
+# quorum keeps it queued) is reported as not committed: its outcome is then unknown.
+PROPOSE_TIMEOUT = 10.0
 
 
 class NoMetadataLeader(Exception):
@@ -44,7 +45,6 @@ class MetadataStore(SyncObjConsumer):
 
     def __init__(self, on_applied: Callable[[], None]) -> None:
         super().__init__()
-        self.lock = threading.Lock()
         self.state = MetadataState()
         self.on_applied = on_applied
 
@@ -60,25 +60,21 @@ class MetadataStore(SyncObjConsumer):
             # A command journaled by another bascule version: refuse it the same way on every node.
             log.error("refusing journaled command: %s", exc)
             return "INVALID_ARGUMENT", str(exc)
-        with self.lock:
-            try:
-                result = self.state.apply(decoded)
-            except Exception as exc:
-                # pysyncobj would retry a raising apply forever, on every node and every replay,
-                # wedging the group: a command that cannot be applied is a deterministic no-op.
-                log.exception("refusing a command the state machine could not apply: %.200r", decoded)
-                result = "INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}"
+        try:
+            self.state, result = self.state.apply(decoded)
+        except Exception as exc:
+            # pysyncobj would retry a raising apply forever, on every node and every replay,
+            # wedging the group: a command that cannot be applied is a deterministic no-op.
+            log.exception("refusing a command the state machine could not apply: %.200r", decoded)
+            result = "INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}"
         self.on_applied()
         return result
 
     def _serialize(self) -> bytes:
-        with self.lock:
-            return msgpack.packb(self.state.snapshot(), use_bin_type=True)
+        return msgpack.packb(self.state.snapshot(), use_bin_type=True)
 
     def _deserialize(self, data: bytes) -> None:
-        restored = MetadataState.restore(msgpack.unpackb(data, raw=False, strict_map_key=False))
-        with self.lock:
-            self.state = restored
+        self.state = MetadataState.restore(msgpack.unpackb(data, raw=False, strict_map_key=False))
         self.on_applied()
 
 
@@ -146,7 +142,7 @@ class MetadataRaft:
     def _applied(self) -> None:
         self._loop.call_soon_threadsafe(self._on_change)
 
-    async def propose(self, op: str, **fields: Any) -> None:
+    async def propose(self, op: str, timeout: float = PROPOSE_TIMEOUT, **fields: Any) -> None:
         command = encode_command(op, **fields)
         done: asyncio.Future[tuple[Any, int]] = self._loop.create_future()
 
@@ -154,15 +150,19 @@ class MetadataRaft:
             self._loop.call_soon_threadsafe(_settle, done, (result, reason))
 
         self._store.apply(command, callback=finished)
-        result, reason = await done
+        try:
+            result, reason = await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            raise NoMetadataLeader(f"metadata command not committed within {timeout:g} s") from None
         if reason != FAIL_REASON.SUCCESS:
             raise NoMetadataLeader(f"metadata command not committed (reason {reason})")
         if result is not None:
             raise MetadataError(*result)
 
-    def read(self, reader: Callable[[MetadataState], T]) -> T:
-        with self._store.lock:
-            return reader(self._store.state)
+    @property
+    def state(self) -> MetadataState:
+        """The metadata as last applied on this node: an immutable value, safe to keep."""
+        return self._store.state
 
     @property
     def ready(self) -> bool:

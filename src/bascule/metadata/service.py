@@ -21,8 +21,8 @@ from nats.errors import Error as NatsError
 from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
-from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, MetadataState, Partition
-from bascule.partition.subjects import Subjects
+from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, Partition
+from bascule.wire.subjects import Subjects
 from bascule.wire import envelope
 from bascule.wire.commands import CommandError, validate_request
 
@@ -136,14 +136,12 @@ class MetadataService:
         self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
         settings: dict[str, Any],
     ) -> None:
-        def placement(state: MetadataState) -> list[list[str]]:
-            return place(
+        state = self.raft.state
+        try:
+            replicas = place(
                 sorted(state.brokers), state.partitions_per_broker(), state.partitions_led_by(),
                 replication_factor, partitions,
             )
-
-        try:
-            replicas = self.raft.read(placement)
         except PlacementError as exc:
             raise MetadataError(INVALID_ARGUMENT, str(exc)) from exc
         await self.raft.propose(
@@ -186,7 +184,7 @@ class MetadataService:
         await self._propose_election(stream, partition, decision)
 
     def _view(self, stream: str, partition: int) -> PartitionView:
-        view = self.raft.read(lambda s: _partition_view(s.partition(stream, partition)))
+        view = _partition_view(self.raft.state.partition(stream, partition))
         if view is None:
             self._elections.forget((stream, partition))
             raise MetadataError(NOT_FOUND, "no such partition")
@@ -229,10 +227,11 @@ def _partition_view(partition: Partition | None) -> PartitionView | None:
     return PartitionView(partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr))
 
 
-async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str, stopping: asyncio.Event) -> list[str]:
-    """Ask the metadata leader to add this node's Raft address; returns the group's members."""
+async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str) -> list[str]:
+    """Ask the metadata leader to add this node's Raft address, until it does (or the caller is
+    cancelled); returns the group's members."""
     request = envelope.encode(envelope.MsgType.RAFT_JOIN_REQUEST, _pack({"raft": raft_address}))
-    while not stopping.is_set():
+    while True:
         try:
             reply = await nc.request(subjects.join, request, timeout=FORWARD_TIMEOUT)
             kind, payload = envelope.decode(reply.data)
@@ -244,4 +243,3 @@ async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str, stopping
         except (asyncio.TimeoutError, NatsError, envelope.EnvelopeError, ValueError, KeyError, TypeError) as exc:
             log.info("waiting to join the metadata Raft group: %r", exc)
         await asyncio.sleep(JOIN_RETRY)
-    raise asyncio.CancelledError

@@ -3,12 +3,18 @@
 ``MetadataState.apply`` is the only way state changes. It is deterministic and does
 no I/O and reads no clock (timestamps travel inside commands), because pysyncobj
 replays the whole journal through it on every restart.
+
+A state is an immutable value: ``apply`` returns a new one that shares every unchanged stream
+and partition with the old. pysyncobj applies on its own thread while the event loop reads, so
+a reader holds one consistent state for as long as it likes, without a lock; and a rule that
+fails halfway leaves nothing behind.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from bascule.metadata.election import IsrChangeKind, validate_isr_change
 
@@ -21,7 +27,7 @@ FAILED_PRECONDITION = "FAILED_PRECONDITION"
 ApplyResult = tuple[str, str] | None  # None on success, else (code, message)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Broker:
     id: str
     host: str
@@ -30,13 +36,13 @@ class Broker:
     incarnation: str = ""  # new at every start of the broker's process
 
 
-@dataclass
+@dataclass(frozen=True)
 class Partition:
     stream: str
     id: int
-    replicas: list[str]
+    replicas: tuple[str, ...]
     leader: str
-    isr: list[str]
+    isr: tuple[str, ...]
     epoch: int = 0  # bumps on every change of this partition's metadata
     leader_epoch: int = 0  # bumps on every leader change
     # The incarnation of the leader's process that was given this leader epoch: a leader that
@@ -48,27 +54,31 @@ class Partition:
     readonly_at: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stream:
     name: str
     subject: str
     group: str
     created: int
-    settings: dict[str, Any]
-    partitions: dict[int, Partition] = field(default_factory=dict)
+    settings: Mapping[str, Any]
+    partitions: Mapping[int, Partition] = field(default_factory=dict)
 
 
+Change = tuple["MetadataState", ApplyResult]
+
+
+@dataclass(frozen=True)
 class MetadataState:
-    def __init__(self) -> None:
-        self.brokers: dict[str, Broker] = {}
-        self.streams: dict[str, Stream] = {}
-        self.version = 0  # count of applied commands, so readers can tell "unchanged"
+    brokers: Mapping[str, Broker] = field(default_factory=dict)
+    streams: Mapping[str, Stream] = field(default_factory=dict)
+    version: int = 0  # count of applied commands, so readers can tell "unchanged"
 
-    def apply(self, command: dict[str, Any]) -> ApplyResult:
-        handler: Callable[[dict[str, Any]], ApplyResult] = getattr(self, "_" + command["op"])
-        result = handler(command)
-        self.version += 1
-        return result
+    def apply(self, command: dict[str, Any]) -> Change:
+        """The state after ``command``, and its result; a refused command changes nothing but
+        the version."""
+        handler: Callable[[dict[str, Any]], Change] = getattr(self, "_" + command["op"])
+        state, result = handler(command)
+        return replace(state, version=self.version + 1), result
 
     def partition(self, stream: str, partition: int) -> Partition | None:
         found = self.streams.get(stream)
@@ -94,103 +104,101 @@ class MetadataState:
             "version": self.version,
             "brokers": [asdict(b) for b in self.brokers.values()],
             "streams": [
-                {**asdict(s), "partitions": [asdict(p) for p in s.partitions.values()]}
+                {**_stream_fields(s), "partitions": [_partition_fields(p) for p in s.partitions.values()]}
                 for s in self.streams.values()
             ],
         }
 
     @classmethod
-    def restore(cls, snapshot: dict[str, Any]) -> "MetadataState":
-        state = cls()
-        state.version = snapshot["version"]
-        state.brokers = {b["id"]: Broker(**b) for b in snapshot["brokers"]}
+    def restore(cls, snapshot: dict[str, Any]) -> MetadataState:
+        streams = {}
         for s in snapshot["streams"]:
-            partitions = {p["id"]: Partition(**p) for p in s["partitions"]}
-            state.streams[s["name"]] = Stream(**{**s, "partitions": partitions})
-        return state
+            partitions = {
+                p["id"]: Partition(**{**p, "replicas": tuple(p["replicas"]), "isr": tuple(p["isr"])})
+                for p in s["partitions"]
+            }
+            streams[s["name"]] = Stream(**{**s, "partitions": partitions})
+        brokers = {b["id"]: Broker(**b) for b in snapshot["brokers"]}
+        return cls(brokers, streams, snapshot["version"])
 
-    def _register_broker(self, c: dict[str, Any]) -> ApplyResult:
-        self.brokers[c["id"]] = Broker(c["id"], c["host"], c["port"], c["raft"], c.get("incarnation", ""))
-        return None
+    # ---- rules -------------------------------------------------------------------------------
 
-    def _create_stream(self, c: dict[str, Any]) -> ApplyResult:
+    def _register_broker(self, c: dict[str, Any]) -> Change:
+        broker = Broker(c["id"], c["host"], c["port"], c["raft"], c.get("incarnation", ""))
+        return replace(self, brokers={**self.brokers, broker.id: broker}), None
+
+    def _create_stream(self, c: dict[str, Any]) -> Change:
         name = c["name"]
         if name in self.streams:
-            return ALREADY_EXISTS, "stream already exists"
-        stream = Stream(name, c["subject"], c["group"], c["created"], dict(c["settings"]))
-        for index, replicas in enumerate(c["replicas"]):
-            stream.partitions[index] = Partition(
-                stream=name, id=index, replicas=list(replicas), leader=replicas[0], isr=list(replicas),
+            return self, (ALREADY_EXISTS, "stream already exists")
+        partitions = {
+            index: Partition(
+                stream=name, id=index, replicas=tuple(replicas), leader=replicas[0], isr=tuple(replicas),
                 leader_incarnation=self._incarnation(replicas[0]),
             )
-        self.streams[name] = stream
-        return None
+            for index, replicas in enumerate(c["replicas"])
+        }
+        stream = Stream(name, c["subject"], c["group"], c["created"], dict(c["settings"]), partitions)
+        return replace(self, streams={**self.streams, name: stream}), None
 
-    def _delete_stream(self, c: dict[str, Any]) -> ApplyResult:
-        if self.streams.pop(c["name"], None) is None:
-            return NOT_FOUND, "stream does not exist"
-        return None
+    def _delete_stream(self, c: dict[str, Any]) -> Change:
+        if c["name"] not in self.streams:
+            return self, (NOT_FOUND, "stream does not exist")
+        return replace(self, streams={k: s for k, s in self.streams.items() if k != c["name"]}), None
 
-    def _pause(self, c: dict[str, Any]) -> ApplyResult:
+    def _pause(self, c: dict[str, Any]) -> Change:
         found = self._select(c["name"], c["partitions"])
         if isinstance(found, tuple):
-            return found
-        for p in found:
-            if not p.paused:
-                p.paused, p.paused_at = True, c["at"]
-                p.epoch += 1
+            return self, found
+        changed = [replace(p, paused=True, paused_at=c["at"], epoch=p.epoch + 1) for p in found if not p.paused]
+        state = self._with_partitions(c["name"], changed)
         if c["resume_all"]:
             # Liftbridge: with resumeAll, one publish to any partition resumes them all.
-            stream = self.streams[c["name"]]
-            stream.settings["resume_all"] = True
-        return None
+            stream = state.streams[c["name"]]
+            state = state._with_stream(replace(stream, settings={**stream.settings, "resume_all": True}))
+        return state, None
 
-    def _resume(self, c: dict[str, Any]) -> ApplyResult:
+    def _resume(self, c: dict[str, Any]) -> Change:
         stream = self.streams.get(c["name"])
         if stream is None or c["partition"] not in stream.partitions:
-            return NOT_FOUND, "no such partition"
-        targets = (
-            stream.partitions.values()
-            if stream.settings.pop("resume_all", False)
-            else [stream.partitions[c["partition"]]]
-        )
-        for p in targets:
-            if p.paused:
-                p.paused = False
-                p.epoch += 1
-        return None
+            return self, (NOT_FOUND, "no such partition")
+        resume_all = stream.settings.get("resume_all", False)
+        targets = stream.partitions.values() if resume_all else [stream.partitions[c["partition"]]]
+        if resume_all:
+            stream = replace(stream, settings={k: v for k, v in stream.settings.items() if k != "resume_all"})
+        changed = [replace(p, paused=False, epoch=p.epoch + 1) for p in targets if p.paused]
+        return self._with_stream(stream)._with_partitions(stream.name, changed), None
 
-    def _set_readonly(self, c: dict[str, Any]) -> ApplyResult:
+    def _set_readonly(self, c: dict[str, Any]) -> Change:
         found = self._select(c["name"], c["partitions"])
         if isinstance(found, tuple):
-            return found
-        for p in found:
-            if p.readonly != c["readonly"]:
-                p.readonly, p.readonly_at = c["readonly"], c["at"]
-                p.epoch += 1
-        return None
+            return self, found
+        changed = [
+            replace(p, readonly=c["readonly"], readonly_at=c["at"], epoch=p.epoch + 1)
+            for p in found if p.readonly != c["readonly"]
+        ]
+        return self._with_partitions(c["name"], changed), None
 
-    def _change_leader(self, c: dict[str, Any]) -> ApplyResult:
+    def _change_leader(self, c: dict[str, Any]) -> Change:
         p = self.partition(c["name"], c["partition"])
         if p is None:
-            return NOT_FOUND, "no such partition"
+            return self, (NOT_FOUND, "no such partition")
         if c["leader_epoch"] != p.leader_epoch:
-            return FAILED_PRECONDITION, f"stale leader epoch {c['leader_epoch']}, current {p.leader_epoch}"
+            return self, (FAILED_PRECONDITION, f"stale leader epoch {c['leader_epoch']}, current {p.leader_epoch}")
         if c.get("epoch", p.epoch) != p.epoch:
-            return FAILED_PRECONDITION, f"stale partition epoch {c['epoch']}, current {p.epoch}"
+            return self, (FAILED_PRECONDITION, f"stale partition epoch {c['epoch']}, current {p.epoch}")
         if c["leader"] not in p.isr:
-            return FAILED_PRECONDITION, f"{c['leader']} is not in the ISR"
-        p.leader = c["leader"]
-        p.leader_incarnation = self._incarnation(p.leader)
-        p.isr = [r for r in p.replicas if r in c["isr"]]
-        p.leader_epoch += 1
-        p.epoch += 1
-        return None
+            return self, (FAILED_PRECONDITION, f"{c['leader']} is not in the ISR")
+        changed = replace(
+            p, leader=c["leader"], leader_incarnation=self._incarnation(c["leader"]),
+            isr=tuple(r for r in p.replicas if r in c["isr"]), leader_epoch=p.leader_epoch + 1, epoch=p.epoch + 1,
+        )
+        return self._with_partitions(c["name"], [changed]), None
 
-    def _change_isr(self, c: dict[str, Any]) -> ApplyResult:
+    def _change_isr(self, c: dict[str, Any]) -> Change:
         p = self.partition(c["name"], c["partition"])
         if p is None:
-            return NOT_FOUND, "no such partition"
+            return self, (NOT_FOUND, "no such partition")
         decision = validate_isr_change(
             IsrChangeKind.EXPAND if c["add"] else IsrChangeKind.SHRINK,
             c["replica"], c["leader"], c["leader_epoch"],
@@ -198,10 +206,11 @@ class MetadataState:
             request_partition_epoch=c.get("epoch"), partition_epoch=p.epoch,
         )
         if not decision.accepted:
-            return FAILED_PRECONDITION, f"ISR change refused: {decision.reason}"
-        p.isr = [r for r in p.replicas if r in decision.isr]
-        p.epoch += 1
-        return None
+            return self, (FAILED_PRECONDITION, f"ISR change refused: {decision.reason}")
+        changed = replace(p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1)
+        return self._with_partitions(c["name"], [changed]), None
+
+    # ---- helpers -----------------------------------------------------------------------------
 
     def _incarnation(self, broker: str) -> str:
         found = self.brokers.get(broker)
@@ -217,3 +226,24 @@ class MetadataState:
         if missing:
             return NOT_FOUND, f"no such partition {missing[0]}"
         return [stream.partitions[i] for i in ids]
+
+    def _with_stream(self, stream: Stream) -> MetadataState:
+        return replace(self, streams={**self.streams, stream.name: stream})
+
+    def _with_partitions(self, name: str, changed: list[Partition]) -> MetadataState:
+        if not changed:
+            return self
+        stream = self.streams[name]
+        partitions = {**stream.partitions, **{p.id: p for p in changed}}
+        return self._with_stream(replace(stream, partitions=partitions))
+
+
+def _stream_fields(stream: Stream) -> dict[str, Any]:
+    return {
+        "name": stream.name, "subject": stream.subject, "group": stream.group, "created": stream.created,
+        "settings": dict(stream.settings),
+    }
+
+
+def _partition_fields(partition: Partition) -> dict[str, Any]:
+    return {**asdict(partition), "replicas": list(partition.replicas), "isr": list(partition.isr)}

@@ -1,156 +1,85 @@
-"""Turning NATS messages on a stream's subject into records, and acks back into NATS.
+"""Capturing the NATS subjects of the partitions this node leads, and acking what publishers asked.
 
-A payload that is a Liftbridge Publish envelope keeps its key, headers and ack
-request; anything else (including a broken envelope, which is logged) is stored
-whole as the value, because plain publishers must never lose a message to parsing.
+Messages arrive in bursts on the capture connection; a burst is one append. Acks of a burst go
+out in one write once their ack point is reached (written, or committed under ack policy ALL).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from functools import partial
 
-from bascule.wire import envelope
-from bascule.wire.entry import Record, encode_headers
-from bascule.wire.names import is_protocol_token
-from bascule.wire.pb import api_pb2
+from bascule.natsio.capture import CaptureConnection, Delivery
+from bascule.node.partitions import LocalPartition
+from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica
+from bascule.wire import capture
 
 log = logging.getLogger(__name__)
 
-LEADER, ALL, NONE = api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE
 
-
-@dataclass(slots=True)  # not frozen: that costs three times as much to build, once per message
-class AckRequest:
-    inbox: str
-    correlation_id: str
-    policy: int
-    msg_subject: str
-
-
-HEADER_CACHE_SIZE = 4096
-_header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
-
-
-def _stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
-    """The subject/reply headers of a plain message and their encoding, shared by every
-    message with the same pair (wildcard streams see many subjects: the cache is bounded)."""
-    cached = _header_cache.get((subject, reply))
-    if cached is None:
-        if len(_header_cache) >= HEADER_CACHE_SIZE:
-            _header_cache.clear()
-        headers = {"subject": subject.encode(), "reply": reply.encode()}
-        cached = _header_cache[(subject, reply)] = (headers, encode_headers(headers))
-    return cached
-
-
-@dataclass(slots=True)
-class CapturedBatch:
-    """The records of one burst of NATS messages, and the acks they ask for."""
-
-    records: list[Record]
-    acks: list[tuple[int, AckRequest]]  # (index of the record in records, its ack request)
-
-
-def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
-    batch = CapturedBatch([], [])
-    records, acks = batch.records, batch.acks
-    subject = reply = None
-    for delivery_subject, delivery_reply, payload in deliveries:
-        # The capture connection hands out one str per distinct subject: identity finds repeats.
-        if delivery_subject is not subject or delivery_reply is not reply:
-            subject, reply = delivery_subject, delivery_reply
-            headers, header_block = _stored_headers(subject, reply)
-        record, ack = _record(payload, subject, headers, header_block)
-        if ack is not None:
-            acks.append((len(records), ack))
-        records.append(record)
-    return batch
-
-
-def record_from_nats(
-    data: bytes, subject: str, reply: str
-) -> tuple[Record, AckRequest | None]:
-    return _record(data, subject, *_stored_headers(subject, reply))
-
-
-def _record(
-    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
-) -> tuple[Record, AckRequest | None]:
-    if envelope.is_envelope(data):
-        try:
-            message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
-        except envelope.EnvelopeError as exc:
-            log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
-        else:
-            return _record_from_publish(message, headers, header_block, subject)
-    return Record(data, None, headers, 0, header_block), None
-
-
-def _record_from_publish(
-    message: api_pb2.Message, headers: dict[str, bytes], header_block: bytes, subject: str
-) -> tuple[Record, AckRequest | None]:
-    key = message.key or None
-    if message.headers:
-        record = Record(message.value, key, {**message.headers, **headers})
+def when_ackable(replica: PartitionReplica, policy: int, offset: int, then: Outcome) -> None:
+    """Call ``then`` once the record written at ``offset`` may be acked under ``policy``: at once
+    (LEADER), or once it is committed (ALL)."""
+    if policy == capture.ALL:
+        replica.when_committed(offset, then)
     else:
-        record = Record(message.value, key, headers, header_block=header_block)
-    ack = None
-    inbox = message.ackInbox
-    if inbox and message.ackPolicy != NONE:
-        if is_protocol_token(inbox):
-            ack = AckRequest(inbox, message.correlationId, message.ackPolicy, subject)
-        else:
-            log.warning("not acking a message on %s: its ack inbox %r is not a NATS subject", subject, inbox[:100])
-    return record, ack
+        then(offset, None)
 
 
-def ack_message(
-    stream: str,
-    partition_subject: str,
-    offset: int,
-    request: AckRequest,
-    reception_ns: int,
-    commit_ns: int,
-) -> api_pb2.Ack:
-    return api_pb2.Ack(
-        stream=stream,
-        partitionSubject=partition_subject,
-        msgSubject=request.msg_subject,
-        offset=offset,
-        ackInbox=request.inbox,
-        correlationId=request.correlation_id,
-        ackPolicy=request.policy,
-        receptionTimestamp=reception_ns,
-        commitTimestamp=commit_ns,
-    )
+class CapturePath:
+    def __init__(self, connection: CaptureConnection, on_not_leader: Callable[[], None]) -> None:
+        self.connection = connection
+        self.on_not_leader = on_not_leader  # capture stops once the metadata is reconciled again
 
+    async def switch(self, local: LocalPartition, capturing: bool) -> None:
+        """Capture the partition's subject or stop, as ``capturing`` says; a subscription is in
+        place on the NATS server when this returns, so a publish right after is not lost."""
+        if capturing and local.capture is None:
+            local.capture = self.connection.subscribe(local.subject, local.group, self._handler(local))
+            await self.connection.flush()
+        elif not capturing and local.capture is not None:
+            self.connection.unsubscribe(local.capture)
+            local.capture = None
 
-def encode_acks(
-    stream: str,
-    partition_subject: str,
-    first_offset: int,
-    acks: list[tuple[int, AckRequest]],
-    reception_ns: int,
-    commit_ns: int,
-) -> list[tuple[str, bytes]]:
-    """(inbox, enveloped Ack) for each ack of a batch whose first record is at ``first_offset``.
+    def _handler(self, local: LocalPartition) -> Callable[[list[Delivery]], None]:
+        replica = local.replica
 
-    The fields a batch's acks share are serialized once and appended to each ack's own
-    fields: protobuf parses concatenated encodings as one message with every field set.
-    """
-    header = envelope.header(envelope.MsgType.ACK)
-    shared: dict[tuple[str, int], bytes] = {}
-    encoded = []
-    for index, request in acks:
-        common = shared.get((request.msg_subject, request.policy))
-        if common is None:
-            common = shared[(request.msg_subject, request.policy)] = api_pb2.Ack(
-                stream=stream, partitionSubject=partition_subject, msgSubject=request.msg_subject,
-                ackPolicy=request.policy, receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
-            ).SerializeToString()
-        own = api_pb2.Ack(
-            offset=first_offset + index, ackInbox=request.inbox, correlationId=request.correlation_id
-        ).SerializeToString()
-        encoded.append((request.inbox, header + own + common))
-    return encoded
+        def on_messages(deliveries: list[Delivery]) -> None:
+            batch = capture.capture_batch(deliveries)
+            try:
+                if batch.acks:
+                    replica.submit(batch.records, partial(self._written, local, batch.acks, time.time_ns()))
+                else:
+                    replica.submit(batch.records)
+            except (NotLeader, PartitionClosed) as exc:
+                log.warning("dropping %d messages on %s: %s", len(batch.records), local.subject, exc)
+                self.on_not_leader()
+
+        return on_messages
+
+    def _written(
+        self, local: LocalPartition, acks: list[tuple[int, capture.AckRequest]], reception_ns: int,
+        first_offset: int | None, error: BaseException | None,
+    ) -> None:
+        if error is not None or first_offset is None:
+            return  # no ack: the publisher's timeout tells it the write did not happen
+        on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
+        on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]
+        for group in (on_write, on_commit):
+            if group:
+                index, request = group[-1]
+                when_ackable(local.replica, request.policy, first_offset + index,
+                             partial(self._ackable, local, first_offset, group, reception_ns))
+
+    def _ackable(
+        self, local: LocalPartition, first_offset: int, acks: list[tuple[int, capture.AckRequest]],
+        reception_ns: int, last_offset: int | None, error: BaseException | None,
+    ) -> None:
+        """All of a batch's acks in one write on the capture connection: through nats-py, each
+        publish would cost more than the rest of the message's capture."""
+        if error is None:
+            encoded = capture.encode_acks(local.replica.stream, local.subject, first_offset, acks, reception_ns,
+                                          time.time_ns())
+            self.connection.publish_many(encoded)

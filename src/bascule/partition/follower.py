@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
-from bascule.partition.subjects import Subjects
+from bascule.wire.subjects import Subjects
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry, WalkedEntry, scan
 from bascule.wire.pb import internal_pb2
@@ -50,6 +51,13 @@ class FollowerSettings:
 
 
 ReportLeader = Callable[[PartitionReplica, str, int], Awaitable[None]]
+# Starts the loop's task under its owner (the server's task group); None when the owner is closing.
+StartTask = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any] | None"]
+
+
+def _unowned_task(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[Any]:
+    """For a loop run on its own (tests, tools): its ``stop`` is then the only owner."""
+    return asyncio.create_task(work, name=name)
 
 
 class FollowerLoop:
@@ -61,6 +69,7 @@ class FollowerLoop:
         server_id: str,
         settings: FollowerSettings,
         report_leader: ReportLeader,
+        start_task: StartTask | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects
@@ -68,6 +77,7 @@ class FollowerLoop:
         self.server_id = server_id
         self.settings = settings
         self.report_leader = report_leader
+        self.start_task = start_task or _unowned_task
         self.leader = replica.leader
         self.leader_epoch = replica.leader_epoch
         self._notified = asyncio.Event()
@@ -76,7 +86,7 @@ class FollowerLoop:
         self._stopping = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"follow {self.replica.stream}/{self.replica.partition}")
+        self._task = self.start_task(self._run(), f"follow {self.replica.stream}/{self.replica.partition}")
 
     async def stop(self) -> None:
         self._stopping = True

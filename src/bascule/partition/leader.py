@@ -13,10 +13,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bascule.nats_flush import flush
+from bascule.natsio.flush import flush
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
-from bascule.partition.subjects import Subjects
+from bascule.wire.subjects import Subjects
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2

@@ -90,6 +90,7 @@ class PartitionReplica:
         self._syncing = False
         self._data_changed = asyncio.Event()
         self._closed = False
+        self._files_closed = False
         self._failure: BaseException | None = None  # a sync that failed other than by LogFailed
         self._failure_reported = False
         # Looked up once: asyncio.get_running_loop() costs about half a microsecond, per message here.
@@ -439,16 +440,22 @@ class PartitionReplica:
             return b""
         return self.log.read_raw(offset, max_bytes, max_entries=hw - offset + 1)
 
-    def sync(self) -> None:
-        """fsync the log (the ``interval`` sync policy); a failure fails the replica and raises
-        ReplicaFailed."""
+    async def sync(self) -> None:
+        """fsync the log in a thread (the ``interval`` sync policy); a failure fails the replica
+        and raises ReplicaFailed."""
         if self.failed is not None:
             raise self._failed_error()
         try:
-            self.log.sync()
+            await self._loop.run_in_executor(None, self.log.begin_sync())
         except LogFailed as exc:
             self._fail(exc)
             raise self._failed_error() from exc
+
+    async def checkpoint_high_watermark(self) -> None:
+        """Write the HW checkpoint in a thread, if the HW moved since the last one."""
+        write = self.log.begin_high_watermark_checkpoint()
+        if write is not None:
+            await self._loop.run_in_executor(None, write)
 
     def _fail_pending(self, error: Exception) -> None:
         if self.leadership is not None:
@@ -458,13 +465,23 @@ class PartitionReplica:
             on_written(None, error)
         self._pending, self._pending_outcomes, self._awaiting_sync = [], [], []
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop serving: writes not yet acked fail, readers wake, leadership ends. On the event
+        loop; the log's files stay open until ``close``."""
         if self._closed:
             return
         self._closed = True
         self._fail_pending(PartitionClosed(f"{self.stream}/{self.partition} closed"))
         self.leadership = None
         self._wake_readers()
+
+    def close(self) -> None:
+        """``stop``, then checkpoint the HW, sync and close the log's files. Blocking: once
+        stopped on the loop, a replica may be closed in another thread."""
+        self.stop()
+        if self._files_closed:
+            return
+        self._files_closed = True
         try:
             self.log.checkpoint_high_watermark()
         finally:

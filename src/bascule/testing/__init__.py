@@ -6,7 +6,6 @@ from bascule.testing.local import (
     LocalNode,
     LocalProcessError,
     free_port,
-    nats_server_binary,
 )
 
 __all__ = [
@@ -15,5 +14,4 @@ __all__ = [
     "LocalNode",
     "LocalProcessError",
     "free_port",
-    "nats_server_binary",
 ]

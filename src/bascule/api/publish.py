@@ -1,0 +1,200 @@
+"""The publish RPCs: Publish, PublishAsync and PublishToSubject.
+
+A publish to a partition this node leads is appended here; one led elsewhere goes through the
+partition's NATS subject, as Liftbridge forwards it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import grpc
+
+from bascule.api.ports import AckOutcome, Cluster, LedPartition, Publishing, Replicas
+from bascule.api.status import PublishError, publish_failure
+from bascule.wire.entry import Record
+from bascule.wire.names import publish_subject_error
+from bascule.wire.pb import api_pb2
+
+# An entry holds up to 65,535 headers, two of which each message gets (subject, reply).
+MAX_HEADERS = 65535 - 2
+MAX_HEADER_NAME_BYTES = 65535
+
+Respond = Callable[[api_pb2.PublishResponse | None], None]
+
+
+class PublishRPCs:
+    def __init__(self, cluster: Cluster, replicas: Replicas, publishing: Publishing) -> None:
+        self.cluster = cluster
+        self.replicas = replicas
+        self.publishing = publishing
+
+    async def Publish(self, request, context):
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        try:
+            ack = await self.publish(request, wait)
+        except Exception as exc:
+            failure = publish_failure(exc)
+            await context.abort(failure.status, failure.message)
+        return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
+
+    async def publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        local = self._writable_leader(request) or await self._resume_here(request)
+        if local is not None and not local.replica.is_leader:
+            local = await self.replicas.until_leading(request.stream, request.partition)
+        if local is None:
+            return await self.publishing.publish_remote(request, wait)
+        record = _record(request, local)
+        if not wait:
+            local.replica.submit([record])
+            return None
+        return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
+                                             request.correlationId)
+
+    def _writable_leader(self, request: api_pb2.PublishRequest) -> LedPartition | None:
+        """The partition to append ``request`` to, when this node leads it and it takes writes as it
+        is; None when the publish must resume the partition or go to its leader. PublishError when
+        it cannot be published at all."""
+        self._check_message(request.ByteSize(), request.headers)
+        meta = self.cluster.state.partition(request.stream, request.partition)
+        if meta is None:
+            raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
+        if meta.readonly:
+            raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
+        if meta.paused or meta.leader != self.cluster.server_id:
+            return None
+        return self.replicas.get(request.stream, request.partition)
+
+    async def _resume_here(self, request: api_pb2.PublishRequest) -> LedPartition | None:
+        """Resume the partition if it is paused; the partition if this node leads it."""
+        meta = self.cluster.state.partition(request.stream, request.partition)
+        if meta is None or not meta.paused:
+            return None
+        await self.cluster.call("resume", name=request.stream, partition=request.partition)
+        leads = meta.leader == self.cluster.server_id
+        return self.replicas.get(request.stream, request.partition) if leads else None
+
+    def _check_message(self, size: int, headers: Mapping[str, bytes]) -> None:
+        limit = self.publishing.max_message_bytes
+        problem = None
+        if size > limit:
+            problem = f"message of {size} bytes exceeds the limit of {limit}"
+        elif len(headers) > MAX_HEADERS:
+            problem = f"{len(headers)} headers exceed the limit of {MAX_HEADERS}"
+        elif any(len(name.encode()) > MAX_HEADER_NAME_BYTES for name in headers):
+            problem = f"a header name exceeds the limit of {MAX_HEADER_NAME_BYTES} bytes"
+        if problem:
+            raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, problem, "BAD_REQUEST")
+
+    async def PublishAsync(self, request_iterator, context):
+        """Requests are appended from callbacks, without a task each (a task costs more than the
+        append); only those that must resume a partition or go to another node get one, owned by
+        this call."""
+        responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
+        outstanding = 0
+        reading = True
+        slow: set[asyncio.Task[None]] = set()
+
+        def respond(response: api_pb2.PublishResponse | None) -> None:
+            nonlocal outstanding
+            if response is not None:
+                responses.put_nowait(response)
+            outstanding -= 1
+            if not reading and not outstanding:
+                responses.put_nowait(None)
+
+        async def read_requests() -> None:
+            nonlocal outstanding, reading
+            async for request in request_iterator:
+                outstanding += 1
+                self._publish_async(request, respond, slow)
+            reading = False
+            if not outstanding:
+                responses.put_nowait(None)
+
+        reader = asyncio.create_task(read_requests())
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for task in slow:
+                task.cancel()
+
+    def _publish_async(self, request: api_pb2.PublishRequest, respond: Respond, slow: set[asyncio.Task[None]]) -> None:
+        """Publish one PublishAsync request; ``respond`` gets its response (None: no ack wanted)."""
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE
+        answered = False
+
+        def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            if error is None:
+                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if wait else None)
+            elif wait:
+                respond(_async_error(request, publish_failure(error)))
+            else:
+                respond(None)  # an ack-NONE publish gets no answer, failed or not
+
+        try:
+            local = self._writable_leader(request)
+            if local is None or not local.replica.is_leader:
+                task = asyncio.create_task(self._publish_the_long_way(request, wait, acked))
+                slow.add(task)
+                task.add_done_callback(slow.discard)
+                return
+            record = _record(request, local)
+            if wait:
+                self.publishing.submit(local.replica, local.subject, record, request.ackPolicy,
+                                       request.correlationId, acked)
+            else:
+                local.replica.submit([record])
+                acked(None, None)
+        except Exception as exc:  # refused, or leadership ended since the metadata was read
+            acked(None, exc)
+
+    async def _publish_the_long_way(self, request: api_pb2.PublishRequest, wait: bool, acked: AckOutcome) -> None:
+        """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
+        whatever happens (a cancelled stream included)."""
+        try:
+            ack = await self.publish(request, wait)
+        except asyncio.CancelledError as exc:
+            acked(None, exc)
+            raise
+        except Exception as exc:
+            acked(None, exc)
+        else:
+            acked(ack, None)
+
+    async def PublishToSubject(self, request, context):
+        message = api_pb2.Message(
+            key=request.key, value=request.value, headers=request.headers,
+            correlationId=request.correlationId, ackPolicy=request.ackPolicy,
+        )
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        problem = publish_subject_error(request.subject)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        try:
+            self._check_message(message.ByteSize(), message.headers)
+            ack = await self.publishing.publish_to_subject(request.subject, message, wait, context.time_remaining())
+        except Exception as exc:
+            failure = publish_failure(exc)
+            await context.abort(failure.status, failure.message)
+        return api_pb2.PublishToSubjectResponse(ack=ack) if ack else api_pb2.PublishToSubjectResponse()
+
+
+def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
+    # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
+    headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+    return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:
+    code = getattr(api_pb2.PublishAsyncError.Code, error.async_code)
+    return api_pb2.PublishResponse(
+        correlationId=request.correlationId, asyncError=api_pb2.PublishAsyncError(code=code, message=error.message)
+    )

@@ -1,0 +1,71 @@
+"""How failures reach gRPC clients: Liftbridge's status codes and messages, because existing
+clients branch on them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+import grpc
+
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.partition.replica import NotLeader, PartitionClosed
+from bascule.wire.names import RESERVED_STREAMS
+
+log = logging.getLogger(__name__)
+
+NO_LEADER = "no known metadata leader"
+UNAVAILABLE = "unavailable"  # how a transient failure's message starts (PublishAsync has no such code)
+
+METADATA_CODES = {
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+async def metadata_call(context: grpc.aio.ServicerContext, proposal: Awaitable[None]) -> None:
+    """Await a metadata change; its refusal aborts the call with the matching status."""
+    try:
+        await proposal
+    except MetadataError as exc:
+        await context.abort(METADATA_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
+    except NoMetadataLeader:
+        # Liftbridge's words, but UNAVAILABLE: clients retry that, and it is transient.
+        await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
+
+
+async def refuse_internal_stream(name: str, context: grpc.aio.ServicerContext) -> None:
+    """The internal streams (cursors) are the server's own: clients may not delete or stop them."""
+    if name in RESERVED_STREAMS:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Stream name {name!r} is reserved")
+
+
+class PublishError(Exception):
+    def __init__(self, status: grpc.StatusCode, message: str, async_code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.async_code = status, message, async_code
+
+
+def publish_failure(error: BaseException) -> PublishError:
+    """What a client is told about a publish that failed with ``error``: transient failures
+    (no leader yet, leadership moving, an ack that did not come in time) are UNAVAILABLE (async
+    code UNKNOWN, message "unavailable: ..."), which clients retry."""
+    if isinstance(error, PublishError):
+        return error
+    if isinstance(error, MetadataError):
+        status = METADATA_CODES.get(error.code, grpc.StatusCode.INTERNAL)
+        async_code = "NOT_FOUND" if status is grpc.StatusCode.NOT_FOUND else "BAD_REQUEST"
+        return PublishError(status, error.message, async_code)
+    if isinstance(error, NoMetadataLeader):
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {NO_LEADER}", "UNKNOWN")
+    if isinstance(error, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
+    if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
+    if isinstance(error, ValueError):  # a record the log cannot encode
+        return PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {error}", "BAD_REQUEST")
+    log.error("publish failed", exc_info=error)
+    return PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")

@@ -1,0 +1,29 @@
+"""bascule's server configuration: Liftbridge's settings and flags, plus a few of bascule's own.
+
+A configuration file is YAML with Liftbridge's keys, nested (``clustering: {server.id: a}``), dotted
+(``clustering.server.id: a``) or mixed. Command-line flags become dotted-key overrides that win over
+the file. Durations are seconds (float) once loaded; sizes are bytes (int).
+
+bascule's own keys: ``clustering.raft.listen`` (host:port of the Raft transport, port 0 = pick one at
+start), ``clustering.raft.password`` and ``streams.sync`` (``never``, ``always`` or an fsync interval).
+
+``model`` holds the dataclasses, ``values`` the parsing of each setting, ``loading`` the file, flags
+and errors.
+"""
+
+from bascule.config.loading import ConfigError, add_server_arguments, load_config, overrides_from_args
+from bascule.config.model import DEFAULT_NATS_URL, ClusteringConfig, Config, default_data_dir
+from bascule.config.values import parse_duration, parse_size
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "ClusteringConfig",
+    "Config",
+    "ConfigError",
+    "add_server_arguments",
+    "default_data_dir",
+    "load_config",
+    "overrides_from_args",
+    "parse_duration",
+    "parse_size",
+]

@@ -1,0 +1,201 @@
+"""Building a Config from a YAML file and command-line overrides, and the server's flags.
+
+Every problem becomes a ConfigError that names the dotted key (or the file) it is about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from bascule.config.model import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_NATS_URL,
+    DEFAULT_PORT,
+    ClusteringConfig,
+    Config,
+    CursorsConfig,
+    GroupsConfig,
+    LoggingConfig,
+    NatsConfig,
+    StreamsConfig,
+    TlsConfig,
+    default_data_dir,
+)
+from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list
+
+
+class ConfigError(ValueError):
+    """A configuration file, flag or value that bascule cannot use."""
+
+
+def load_config(path: str | None, overrides: Mapping[str, object] | None = None) -> Config:
+    """The configuration in the YAML file at `path` (None: defaults only), with dotted-key overrides."""
+    settings = _flatten(_read_yaml(path)) if path else {}
+    settings.update(_flatten(overrides or {}))
+    return _build({key: _parse(key, value) for key, value in settings.items()})
+
+
+def _read_yaml(path: str) -> Mapping[Any, Any]:
+    try:
+        # Bytes, so that PyYAML rather than open() reports a file that is not text.
+        with open(path, "rb") as file:
+            document = yaml.safe_load(file)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got a {type(document).__name__}")
+    return document
+
+
+def _flatten(mapping: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted, lower-case keys for every leaf of a nested mapping."""
+    flat: dict[str, Any] = {}
+    for name, value in mapping.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"{prefix or 'top level'}: setting names must be strings, got {name!r}")
+        key = f"{prefix}.{name}".lower() if prefix else name.lower()
+        if isinstance(value, Mapping):
+            leaves = _flatten(value, key)
+        else:
+            # An empty section ("clustering:" with nothing under it) sets nothing.
+            leaves = {} if value is None and key in SECTIONS else {key: value}
+        for leaf, leaf_value in leaves.items():
+            if leaf in flat:
+                raise ConfigError(f"{leaf}: given more than once")
+            flat[leaf] = leaf_value
+    return flat
+
+
+def _parse(key: str, value: Any) -> Any:
+    setting = SETTINGS.get(key)
+    if key in SECTIONS:
+        example = next(name for name in SETTINGS if name.startswith(key + "."))
+        raise ConfigError(f"{key}: expected a mapping of settings such as {example}, got {value!r}")
+    if setting is None:
+        suggestion = difflib.get_close_matches(key, SETTINGS, n=1)
+        hint = f" (did you mean {suggestion[0]}?)" if suggestion else ""
+        raise ConfigError(f"{key}: unknown setting{hint}")
+    try:
+        return setting.parse(value)
+    except BadValue as bad:
+        raise ConfigError(f"{key}: expected {bad.expected}, got {value!r}") from None
+
+
+def _build(values: dict[str, Any]) -> Config:
+    fields = _fields_by_section(values)
+    namespace = fields["clustering"].get("namespace", DEFAULT_NAMESPACE)
+    listen_host, port = _listen_host_and_port(values)
+    tls = TlsConfig(**fields["tls"])
+    if bool(tls.cert) != bool(tls.key):
+        raise ConfigError("tls.cert, tls.key: expected both set or neither")
+    return Config(
+        listen_host=listen_host,
+        port=port,
+        data_dir=values.get("data.dir") or default_data_dir(namespace),
+        tls=tls,
+        nats=_nats(values, fields["nats"]),
+        streams=_streams(fields["streams"]),
+        logging=LoggingConfig(**fields["logging"]),
+        clustering=ClusteringConfig(**fields["clustering"]),
+        cursors=CursorsConfig(**fields["cursors"]),
+        groups=GroupsConfig(**fields["groups"]),
+        ignored_settings=tuple(sorted(key for key in values if SETTINGS[key].ignored)),
+        **fields[""],
+    )
+
+
+def _fields_by_section(values: dict[str, Any]) -> defaultdict[str, dict[str, Any]]:
+    sections: defaultdict[str, dict[str, Any]] = defaultdict(dict)
+    for key, value in values.items():
+        target = SETTINGS[key].target
+        if target is not None:
+            section, name = target.split(".")
+            sections[section][name] = value
+    return sections
+
+
+def _listen_host_and_port(values: dict[str, Any]) -> tuple[str, int]:
+    """Liftbridge's rule: bind to `listen`, else to `host`, else (bascule's choice) to loopback only."""
+    listen_host, listen_port = values.get("listen", (None, DEFAULT_PORT))
+    if listen_host is None:
+        host = values.get("host") or "127.0.0.1"
+    else:
+        host = listen_host or "0.0.0.0"
+    return host, values.get("port", listen_port)
+
+
+def _nats(values: dict[str, Any], fields: dict[str, Any]) -> NatsConfig:
+    # As in Liftbridge, naming an embedded server's config file asks for an embedded server.
+    embedded = values.get("nats.embedded", False) or bool(fields.get("embedded_config"))
+    default_servers = () if embedded else (DEFAULT_NATS_URL,)
+    servers = values.get("nats.servers") or default_servers
+    return NatsConfig(servers=servers, embedded=embedded, **fields)
+
+
+def _streams(fields: dict[str, Any]) -> StreamsConfig:
+    # As in Liftbridge, segments roll at the retention age unless told otherwise.
+    if "retention_max_age" in fields:
+        fields.setdefault("segment_max_age", fields["retention_max_age"])
+    return StreamsConfig(**fields)
+
+
+# argparse dest -> the dotted key it overrides.
+_FLAG_SETTINGS = {
+    "server_id": "clustering.server.id",
+    "namespace": "clustering.namespace",
+    "nats_servers": "nats.servers",
+    "embedded_nats": "nats.embedded",
+    "embedded_nats_config": "nats.embedded.config",
+    "data_dir": "data.dir",
+    "port": "port",
+    "tls_cert": "tls.cert",
+    "tls_key": "tls.key",
+    "level": "logging.level",
+    "raft_bootstrap_seed": "clustering.raft.bootstrap.seed",
+    "raft_bootstrap_peers": "clustering.raft.bootstrap.peers",
+    "raft_listen": "clustering.raft.listen",
+}
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Liftbridge's server flags, plus --raft-listen. Flags not given stay None (see overrides_from_args)."""
+    add = parser.add_argument
+    add("-c", "--config", metavar="FILE", help="load configuration from FILE")
+    add("--id", "--server-id", dest="server_id", help="ID of the server in the cluster (default: stored or random)")
+    add("--ns", "--namespace", dest="namespace", help=f"cluster namespace (default: {DEFAULT_NAMESPACE})")
+    add("-n", "--nats-servers", dest="nats_servers", metavar="ADDR[,ADDR]", type=split_list, action="extend",
+        help=f"connect to NATS at ADDR[,ADDR] (default: {DEFAULT_NATS_URL})")
+    add("-e", "--embedded-nats", dest="embedded_nats", action="store_true", default=None,
+        help="run a nats-server alongside this server")
+    add("--nc", "--embedded-nats-config", dest="embedded_nats_config", metavar="FILE",
+        help="configuration file for the embedded nats-server (implies --embedded-nats)")
+    add("-d", "--data-dir", dest="data_dir", metavar="DIR", help="store data in DIR")
+    add("-p", "--port", dest="port", type=int, help=f"port to bind to (default: {DEFAULT_PORT})")
+    add("--tls-cert", dest="tls_cert", metavar="FILE", help="server certificate file")
+    add("--tls-key", dest="tls_key", metavar="FILE", help="private key for the server certificate")
+    add("-l", "--level", dest="level", choices=LOG_LEVELS, help="logging level (default: info)")
+    add("--raft-bootstrap-seed", dest="raft_bootstrap_seed", action="store_true", default=None,
+        help="bootstrap the Raft cluster with this server alone if there is no existing state")
+    add("--raft-bootstrap-peers", dest="raft_bootstrap_peers", metavar="PEER[,PEER]", type=split_list,
+        action="extend", help="bootstrap the Raft cluster with these peers if there is no existing state")
+    add("--raft-listen", dest="raft_listen", metavar="HOST:PORT",
+        help="address of this server's Raft transport (default: 127.0.0.1:0, a free port)")
+
+
+def overrides_from_args(namespace: argparse.Namespace) -> dict[str, object]:
+    """Dotted-key overrides for load_config, one for each server flag given."""
+    return {
+        key: getattr(namespace, dest)
+        for dest, key in _FLAG_SETTINGS.items()
+        if getattr(namespace, dest, None) is not None
+    }

@@ -1,0 +1,117 @@
+"""The loaded configuration: one frozen dataclass per Liftbridge section, with Liftbridge's defaults.
+
+Durations are seconds (float); sizes are bytes (int).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from bascule.config.values import HOUR, MINUTE, WILDCARD_HOSTS, MiB, join_host_port
+
+DEFAULT_NAMESPACE = "liftbridge-default"
+DEFAULT_PORT = 9292
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def default_data_dir(namespace: str) -> str:
+    return os.path.join(tempfile.gettempdir(), "bascule", namespace)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert: str = ""
+    key: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    # Empty when embedded: the node connects to its own nats-server.
+    servers: tuple[str, ...] = (DEFAULT_NATS_URL,)
+    embedded: bool = False
+    embedded_config: str = ""
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    # "" = not configured: the node picks an id and keeps it in its data dir.
+    server_id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    raft_bootstrap_seed: bool = False
+    raft_bootstrap_peers: tuple[str, ...] = ()
+    raft_listen: str = "127.0.0.1:0"
+    raft_password: str = ""
+    min_insync_replicas: int = 1
+    replica_max_lag_time: float = 15.0
+    replica_max_leader_timeout: float = 15.0
+    replica_max_idle_wait: float = 10.0
+    replica_fetch_timeout: float = 3.0
+    replication_max_bytes: int = 1 * MiB
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    retention_max_bytes: int = 0
+    retention_max_messages: int = 0
+    retention_max_age: float = 168 * HOUR
+    cleaner_interval: float = 5 * MINUTE
+    segment_max_bytes: int = 256 * MiB
+    segment_max_age: float = 168 * HOUR
+    auto_pause_time: float = 0.0
+    auto_pause_disable_if_subscribers: bool = False
+    # "never", "always", or the fsync interval in seconds.
+    sync: str | float = "never"
+
+
+@dataclass(frozen=True)
+class CursorsConfig:
+    stream_partitions: int = 0
+    stream_replication_factor: int = -1
+    stream_auto_pause_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class GroupsConfig:
+    consumer_timeout: float = 15.0
+    coordinator_timeout: float = 15.0
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0 = pick a free port at start
+    host: str = ""  # advertised to clients when set
+    data_dir: str = field(default_factory=lambda: default_data_dir(DEFAULT_NAMESPACE))
+    logging: LoggingConfig = LoggingConfig()
+    tls: TlsConfig = TlsConfig()
+    nats: NatsConfig = NatsConfig()
+    clustering: ClusteringConfig = ClusteringConfig()
+    streams: StreamsConfig = StreamsConfig()
+    cursors: CursorsConfig = CursorsConfig()
+    groups: GroupsConfig = GroupsConfig()
+    # Liftbridge settings that were given but have no effect in bascule, for the node to warn about.
+    ignored_settings: tuple[str, ...] = ()
+
+    @property
+    def listen_address(self) -> str:
+        return join_host_port(self.listen_host, self.port)
+
+    @property
+    def advertised_host(self) -> str:
+        if self.host:
+            return self.host
+        if self.listen_host not in WILDCARD_HOSTS:
+            return self.listen_host
+        # A wildcard is no address a client can dial.
+        return "localhost"

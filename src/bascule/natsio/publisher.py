@@ -1,0 +1,94 @@
+"""Liftbridge publish envelopes over plain NATS, each with its own ack inbox.
+
+A partition leader captures every message on its stream's subject; an envelope that names an ack
+inbox gets the leader's Ack there. One wildcard subscription serves every inbox of a publisher, so
+a publish costs one NATS message each way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bascule.natsio.flush import flush
+from bascule.wire import envelope
+from bascule.wire.pb import api_pb2
+
+log = logging.getLogger(__name__)
+
+# Envelope header (12), the ack inbox field around the prefix (tag, length, ".<sequence>"), ack policy.
+ENVELOPE_OVERHEAD = 64
+
+
+class EnvelopePublisher:
+    """Publishes envelopes on ``nc`` and matches acks to them by inbox."""
+
+    def __init__(self, nc: NATS, prefix: str) -> None:
+        self.nc = nc
+        self.prefix = prefix
+        self._waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
+        self._sequence = 0
+        self._subscription: Subscription | None = None
+
+    @classmethod
+    async def start(cls, nc: NATS, name: str = "bascule") -> EnvelopePublisher:
+        """A publisher whose ack subscription the server has processed."""
+        publisher = cls(nc, f"_INBOX.{name}.{uuid.uuid4().hex[:12]}")
+        publisher._subscription = await nc.subscribe(publisher.prefix + ".*", cb=publisher._on_ack)
+        await flush(nc)
+        return publisher
+
+    async def close(self) -> None:
+        for waiter in self._waiters.values():
+            waiter.cancel()
+        self._waiters.clear()
+        if self._subscription is not None and not self.nc.is_closed:
+            await self._subscription.unsubscribe()
+        self._subscription = None
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message value that, as an envelope with this publisher's ack inbox, still
+        fits one NATS message (the server's max_payload)."""
+        return self.nc.max_payload - ENVELOPE_OVERHEAD - len(self.prefix)
+
+    async def publish(self, subject: str, message: api_pb2.Message) -> None:
+        """Publish without waiting for an ack (whatever ack inbox ``message`` names gets one)."""
+        await self.nc.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+
+    async def send(self, subject: str, message: api_pb2.Message) -> asyncio.Future[api_pb2.Ack]:
+        """Publish with an ack inbox of this publisher's; the future gets the leader's Ack.
+        The caller bounds the wait (``request`` does) and so decides what a lost ack means."""
+        self._sequence += 1
+        inbox = f"{self.prefix}.{self._sequence}"
+        message.ackInbox = inbox
+        waiter = self._waiters[inbox] = asyncio.get_running_loop().create_future()
+        waiter.add_done_callback(lambda _: self._waiters.pop(inbox, None))
+        try:
+            await self.nc.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+        except BaseException:
+            waiter.cancel()
+            raise
+        return waiter
+
+    async def request(self, subject: str, message: api_pb2.Message, timeout: float) -> api_pb2.Ack:
+        """Publish and wait up to ``timeout`` for the ack (asyncio.TimeoutError after it)."""
+        waiter = await self.send(subject, message)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            waiter.cancel()
+
+    async def _on_ack(self, msg: Msg) -> None:
+        waiter = self._waiters.get(msg.subject)
+        if waiter is None or waiter.done():
+            return
+        try:
+            waiter.set_result(envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack))
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed ack on %s: %s", msg.subject, exc)

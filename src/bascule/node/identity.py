@@ -1,0 +1,66 @@
+"""Who this node is, kept in its data dir: its server id, its Raft address and its Raft peers.
+
+Each is chosen once and then read back at every start: partitions name their replicas by server
+id, and the Raft group knows its voters by address. Blocking file I/O with fsyncs: callers run
+these in a thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+from bascule import durable
+from bascule.config.model import ClusteringConfig
+
+
+def server_id(clustering: ClusteringConfig, data_dir: Path) -> str:
+    if clustering.server_id:
+        return clustering.server_id
+    id_file = data_dir / "server-id"
+    if id_file.exists():
+        return id_file.read_text().strip()
+    generated = uuid.uuid4().hex[:16]
+    durable.write_atomically(id_file, generated + "\n")
+    return generated
+
+
+def raft_address(clustering: ClusteringConfig, data_dir: Path) -> str:
+    """The configured Raft address, or for port 0 a free port chosen at the first start."""
+    host, port = clustering.raft_listen.rsplit(":", 1)
+    if int(port):
+        return f"{host}:{port}"
+    address_file = data_dir / "raft-address"
+    if address_file.exists():
+        return address_file.read_text().strip()
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        address = f"{host}:{probe.getsockname()[1]}"
+    durable.write_atomically(address_file, address + "\n")
+    return address
+
+
+def known_raft_peers(clustering: ClusteringConfig, data_dir: Path, address: str) -> list[str] | None:
+    """The other voters to start Raft with: the bootstrap peers, the group this node joined
+    earlier, or none for a seed or a node with a journal; None when the node must join first."""
+    if clustering.raft_bootstrap_peers:
+        return [p for p in clustering.raft_bootstrap_peers if p != address]
+    peers_file = _peers_file(data_dir)
+    if peers_file.exists():
+        return [p for p in peers_file.read_text().split() if p != address]
+    if clustering.raft_bootstrap_seed or (data_dir / "raft" / "journal").exists():
+        return []
+    return None
+
+
+def remember_raft_members(data_dir: Path, members: list[str], address: str) -> list[str]:
+    """Keep the members a join returned, for later starts; returns the other voters."""
+    peers_file = _peers_file(data_dir)
+    peers_file.parent.mkdir(parents=True, exist_ok=True)
+    durable.write_atomically(peers_file, "\n".join(members) + "\n")
+    return [m for m in members if m != address]
+
+
+def _peers_file(data_dir: Path) -> Path:
+    return data_dir / "raft" / "peers"

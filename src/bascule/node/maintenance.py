@@ -1,0 +1,136 @@
+"""The node's periodic jobs over its replicas: HW checkpoints, retention, interval fsyncs, ISR
+changes the leaders ask for, and auto-pause of idle partitions. Disk work runs in threads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from bascule.config import Config
+from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.service import MetadataService
+from bascule.node.partitions import LocalPartition, Partitions
+from bascule.node.tasks import Tasks
+from bascule.partition.replica import PartitionReplica
+from bascule.partition.replication.leader import IsrOutcome, IsrRequest
+from bascule.wire.names import CURSORS_STREAM
+
+log = logging.getLogger(__name__)
+
+HW_CHECKPOINT_INTERVAL = 5.0
+AUTO_PAUSE_CHECK_INTERVAL = 1.0
+
+
+class Maintenance:
+    def __init__(
+        self, config: Config, server_id: str, raft: MetadataRaft, metadata: MetadataService,
+        partitions: Partitions, tasks: Tasks,
+    ) -> None:
+        self.config = config
+        self.server_id = server_id
+        self.raft = raft
+        self.metadata = metadata
+        self.partitions = partitions
+        self.tasks = tasks
+
+    def start(self) -> None:
+        jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
+            (HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks),
+            (self.config.streams.cleaner_interval, self._enforce_retention),
+            (self._isr_check_interval(), self._maintain_isrs),
+            (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
+        ]
+        sync_interval = self.partitions.sync_policy.interval
+        if sync_interval:
+            jobs.append((sync_interval, self._sync_partitions))
+        for interval, job in jobs:
+            self.tasks.start(_every(interval, job), job.__name__)
+
+    async def _checkpoint_high_watermarks(self) -> None:
+        for local in self.partitions.all():
+            if not local.replica.closed:
+                await local.replica.checkpoint_high_watermark()
+
+    async def _enforce_retention(self) -> None:
+        for local in self.partitions.all():
+            if not local.replica.closed:
+                local.replica.log.enforce_retention()
+
+    async def _sync_partitions(self) -> None:
+        for local in self.partitions.all():
+            if not local.replica.closed and local.replica.failed is None:
+                await local.replica.sync()
+
+    def _isr_check_interval(self) -> float:
+        return max(0.05, min(1.0, self.config.clustering.replica_max_lag_time / 4))
+
+    async def _maintain_isrs(self) -> None:
+        for local in self.partitions.all():
+            for request in local.replica.isr_requests():
+                self.tasks.spawn(self._change_isr(local.replica, request), "change ISR")
+
+    async def _change_isr(self, replica: PartitionReplica, request: IsrRequest) -> None:
+        add, replica_id = request.add, request.replica_id
+        log.info("%s/%s: %s %s %s the ISR", replica.stream, replica.partition,
+                 "adding" if add else "removing", replica_id, "to" if add else "from")
+        outcome = IsrOutcome.UNKNOWN
+        try:
+            await self.metadata.call(
+                "change_isr", name=replica.stream, partition=replica.partition, replica=replica_id,
+                add=add, leader=self.server_id, leader_epoch=request.leader_epoch, epoch=request.partition_epoch,
+            )
+            outcome = IsrOutcome.ACCEPTED
+        except MetadataError as exc:
+            log.warning("ISR change of %s/%s refused: %s", replica.stream, replica.partition, exc)
+            outcome = IsrOutcome.REFUSED
+        except NoMetadataLeader as exc:
+            log.warning("ISR change of %s/%s: outcome unknown: %s", replica.stream, replica.partition, exc)
+        finally:
+            replica.isr_request_done(request, outcome)
+
+    async def _auto_pause(self) -> None:
+        """Pause led partitions that received nothing for their auto-pause time (Liftbridge's
+        streams.auto.pause.time); a publish through the API resumes them."""
+        for (stream_name, partition), local in self.partitions.items():
+            replica = local.replica
+            if not replica.is_leader or replica.paused or local.pause_requested:
+                continue
+            pause_after, unless_subscribed = self._auto_pause_settings(stream_name)
+            if not pause_after or replica.idle_for() < pause_after or (unless_subscribed and replica.readers):
+                continue
+            local.pause_requested = True
+            self.tasks.spawn(self._pause_idle(local, stream_name, partition), "auto-pause")
+
+    def _auto_pause_settings(self, stream_name: str) -> tuple[float, bool]:
+        stream = self.raft.state.streams.get(stream_name)
+        settings = stream.settings if stream is not None else {}
+        defaults = self.config.streams
+        default_time = (
+            self.config.cursors.stream_auto_pause_time if stream_name == CURSORS_STREAM else defaults.auto_pause_time
+        )
+        return (
+            settings.get("auto_pause_time", default_time),
+            settings.get("auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
+        )
+
+    async def _pause_idle(self, local: LocalPartition, stream_name: str, partition: int) -> None:
+        log.info("%s/%s: no messages for its auto-pause time, pausing", stream_name, partition)
+        try:
+            await self.metadata.call("pause", name=stream_name, partitions=[partition], resume_all=False,
+                                     at=time.time_ns())
+        except (MetadataError, NoMetadataLeader) as exc:
+            log.warning("auto-pause of %s/%s failed: %s", stream_name, partition, exc)
+        finally:
+            local.pause_requested = False
+
+
+async def _every(interval: float, job: Callable[[], Awaitable[None]]) -> None:
+    """Run ``job`` every ``interval`` seconds; a failed run is logged and the next one comes."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await job()
+        except Exception:
+            log.exception("periodic %s failed", job.__name__)

@@ -1,0 +1,333 @@
+"""The partition replicas this node runs, kept in step with the metadata.
+
+The node never acts inside a Raft apply. Every metadata change schedules one reconcile on the
+event loop, which compares the state machine with the replicas this node runs and opens, leads,
+follows, pauses or removes them to match; replaying the journal after a restart therefore
+rebuilds exactly the same set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from bascule.config import Config
+from bascule.metadata.election import Role, replica_role
+from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.service import MetadataService
+from bascule.metadata.state import MetadataState, Partition, Stream
+from bascule.node.tasks import Tasks
+from bascule.partition.follower import FollowerLoop, FollowerSettings
+from bascule.partition.leader import LeaderEndpoint, encode_notification
+from bascule.partition.log import CommitLog, LogConfig
+from bascule.partition.replica import PartitionReplica, SyncPolicy
+from bascule.wire import envelope
+from bascule.wire.names import directory_name, partition_subject
+from bascule.wire.pb import internal_pb2
+from bascule.wire.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+RAFT_READY_POLL = 0.05
+RETURN_RETRY = 0.5
+LEADERSHIP_POLL = 0.02
+
+
+@dataclass
+class LocalPartition:
+    replica: PartitionReplica
+    subject: str
+    group: str
+    capture: int | None = None  # subscription id on the capture connection
+    endpoint: LeaderEndpoint | None = None
+    follower: FollowerLoop | None = None
+    pause_requested: bool = False
+    started: bool = False  # its role and capture are set up (reported to admin queries from then on)
+
+
+# Told, after each reconcile of a partition, whether this node should capture its subject now;
+# returns once the NATS server has the change.
+CaptureSwitch = Callable[[LocalPartition, bool], Awaitable[None]]
+
+
+class Partitions:
+    def __init__(
+        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: NATS, subjects: Subjects,
+        raft: MetadataRaft, metadata: MetadataService, tasks: Tasks,
+    ) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.server_id = server_id
+        self.incarnation = incarnation
+        self.nc = nc
+        self.subjects = subjects
+        self.raft = raft
+        self.metadata = metadata
+        self.tasks = tasks
+        self.sync_policy = SyncPolicy.parse(config.streams.sync)
+        self.switch_capture: CaptureSwitch = _no_capture
+        self._local: dict[tuple[str, int], LocalPartition] = {}
+        self._reconcile_scheduled = False
+        self._reconcile_lock = asyncio.Lock()
+        self._returning: set[tuple[str, int, int]] = set()  # (stream, partition, leader epoch) being handed back
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
+
+    async def close(self) -> None:
+        for key in list(self._local):
+            await self._close(key, delete=False)
+
+    def get(self, stream: str, partition: int) -> LocalPartition | None:
+        return self._local.get((stream, partition))
+
+    def all(self) -> list[LocalPartition]:
+        return list(self._local.values())
+
+    def items(self) -> list[tuple[tuple[str, int], LocalPartition]]:
+        return list(self._local.items())
+
+    async def until_leading(self, stream: str, partition: int) -> LocalPartition | None:
+        """The partition once this node leads it, when the metadata names it leader but it does
+        not lead yet (just started, or handing back an epoch of an earlier run); None once the
+        metadata names another leader. The replica as it is after a leader timeout."""
+        deadline = time.monotonic() + self.config.clustering.replica_max_leader_timeout
+        while True:
+            local = self.get(stream, partition)
+            leader = getattr(self.raft.state.partition(stream, partition), "leader", None)
+            if leader != self.server_id:
+                return None
+            if (local is not None and local.replica.is_leader) or time.monotonic() > deadline:
+                return local
+            await asyncio.sleep(LEADERSHIP_POLL)
+
+    # ---- reconcile ---------------------------------------------------------------------------
+
+    def schedule_reconcile(self) -> None:
+        if self._reconcile_scheduled or self.tasks.closing:
+            return
+        self._reconcile_scheduled = True
+        self.tasks.spawn(self._reconcile(), "reconcile")
+
+    async def _reconcile(self) -> None:
+        # A journal being replayed passes through old states (a stream not yet created, a
+        # leader epoch long gone): act only on a state that has caught up with the group.
+        while not self.raft.ready:
+            await asyncio.sleep(RAFT_READY_POLL)
+        async with self._reconcile_lock:
+            self._reconcile_scheduled = False
+            wanted = self._wanted(self.raft.state)
+            for key in [k for k in self._local if k not in wanted]:
+                await self._close(key, delete=True)
+            assigned = {self._directory(s, p.id) for s, p in wanted.values()}
+            await asyncio.to_thread(self._remove_unassigned_directories, assigned)
+            for key, (stream, partition) in wanted.items():
+                try:
+                    await self._apply(stream, partition)
+                except Exception:
+                    log.exception("could not bring up partition %s/%s", *key)
+
+    def _wanted(self, state: MetadataState) -> dict[tuple[str, int], tuple[Stream, Partition]]:
+        return {
+            (s.name, p.id): (s, p)
+            for s in state.streams.values()
+            for p in s.partitions.values()
+            if self.server_id in p.replicas
+        }
+
+    def _remove_unassigned_directories(self, assigned: set[Path]) -> None:
+        """Partition directories the metadata no longer assigns here (a stream deleted while this
+        node was down, an old incarnation of a recreated stream) go: nothing may ever serve them."""
+        streams = self.data_dir / "streams"
+        if not streams.is_dir():
+            return
+        for stream_dir in streams.iterdir():
+            for partition_dir in [d for d in stream_dir.iterdir() if d not in assigned] if stream_dir.is_dir() else []:
+                log.info("removing %s: not assigned to this node", partition_dir)
+                shutil.rmtree(partition_dir, ignore_errors=True)
+            if stream_dir.is_dir() and not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+
+    async def _apply(self, stream: Stream, partition: Partition) -> None:
+        key = (stream.name, partition.id)
+        local = self._local.get(key)
+        if local is None:
+            local = self._local[key] = await self._open(stream, partition)
+        role = replica_role(partition.leader, partition.leader_incarnation, self.server_id, self.incarnation)
+        if role is Role.FOLLOW:
+            await self._follow(local, partition)
+        elif role is Role.LEAD:
+            await self._lead(local, stream, partition)
+        else:
+            await self._hand_back(local, partition)
+        local.replica.set_flags(partition.paused, partition.readonly)
+        await self.switch_capture(local, local.replica.is_leader and not partition.paused and not partition.readonly)
+        local.started = True
+
+    async def _lead(self, local: LocalPartition, stream: Stream, partition: Partition) -> None:
+        if local.follower is not None:
+            await local.follower.stop()
+            local.follower = None
+        clustering = self.config.clustering
+        min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
+        local.replica.become_leader(
+            self.server_id, partition.leader_epoch, partition.epoch, list(partition.replicas), list(partition.isr),
+            min_isr, clustering.replica_max_lag_time,
+        )
+        if local.endpoint is None:
+            local.endpoint = LeaderEndpoint(self.nc, self.subjects, local.replica, clustering.replication_max_bytes)
+            await local.endpoint.start()
+
+    async def _follow(self, local: LocalPartition, partition: Partition) -> None:
+        if local.endpoint is not None:
+            await local.endpoint.stop()
+            local.endpoint = None
+        follower = local.follower
+        if follower is not None and (follower.leader, follower.leader_epoch) == (partition.leader, partition.leader_epoch):
+            return
+        if follower is not None:
+            await follower.stop()
+        local.replica.become_follower(partition.leader, partition.leader_epoch)
+        clustering = self.config.clustering
+        settings = FollowerSettings(
+            clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
+        )
+        local.follower = FollowerLoop(
+            self.nc, self.subjects, local.replica, self.server_id, settings, self._report_leader, self.tasks.start,
+        )
+        local.follower.start()
+
+    async def _hand_back(self, local: LocalPartition, partition: Partition) -> None:
+        """The metadata names this node leader of an epoch given to an earlier run of it: the
+        log may have lost its unsynced tail since, so that epoch is not resumed. Until the
+        metadata leader elects again (this node with a new epoch, or another ISR member), the
+        replica neither leads nor follows."""
+        if local.follower is not None:
+            await local.follower.stop()
+            local.follower = None
+        if local.endpoint is not None:
+            await local.endpoint.stop()
+            local.endpoint = None
+        local.replica.become_follower("", partition.leader_epoch)
+        key = (partition.stream, partition.id, partition.leader_epoch)
+        if key not in self._returning:
+            self._returning.add(key)
+            self.tasks.spawn(self._report_return(local.replica, key), f"return {key}")
+
+    async def _report_return(self, replica: PartitionReplica, key: tuple[str, int, int]) -> None:
+        stream, partition, leader_epoch = key
+        log.info("%s/%s: this node led epoch %d before it restarted: asking for an election",
+                 stream, partition, leader_epoch)
+        try:
+            while not replica.closed and self._still_returning(key):
+                last_epoch, log_end_offset = replica.position()
+                try:
+                    await self.metadata.call(
+                        "leader_returned", stream=stream, partition=partition, leader=self.server_id,
+                        leader_epoch=leader_epoch, last_epoch=last_epoch, log_end_offset=log_end_offset,
+                    )
+                except (MetadataError, NoMetadataLeader) as exc:
+                    log.info("%s/%s: election after return not done yet: %s", stream, partition, exc)
+                await asyncio.sleep(RETURN_RETRY)
+        finally:
+            self._returning.discard(key)
+
+    def _still_returning(self, key: tuple[str, int, int]) -> bool:
+        stream, partition, leader_epoch = key
+        current = self.raft.state.partition(stream, partition)
+        return (
+            current is not None and current.leader_epoch == leader_epoch
+            and replica_role(current.leader, current.leader_incarnation, self.server_id, self.incarnation)
+            is Role.HAND_BACK
+        )
+
+    async def _report_leader(self, replica: PartitionReplica, leader: str, leader_epoch: int) -> None:
+        log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
+                    replica.stream, replica.partition, leader, leader_epoch)
+        last_epoch, log_end_offset = replica.position()
+        try:
+            await self.metadata.call(
+                "report_leader", stream=replica.stream, partition=replica.partition, leader=leader,
+                leader_epoch=leader_epoch, reporter=self.server_id,
+                last_epoch=last_epoch, log_end_offset=log_end_offset,
+            )
+        except (MetadataError, NoMetadataLeader) as exc:
+            log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)
+
+    # ---- opening and closing -----------------------------------------------------------------
+
+    async def _open(self, stream: Stream, partition: Partition) -> LocalPartition:
+        # Opening recovers the log: it may cut a torn tail and fsync, so not on the event loop.
+        commit_log = await asyncio.to_thread(
+            CommitLog.open, self._directory(stream, partition.id), self._log_config(stream.settings)
+        )
+        replica = PartitionReplica(
+            stream.name, partition.id, commit_log, self.sync_policy, time.monotonic, self._notify_followers
+        )
+        return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
+
+    def _directory(self, stream: Stream, partition: int) -> Path:
+        """Keyed by the stream's incarnation (its creation time), so that a stream deleted and
+        created again while this node was down never sees the old one's files."""
+        return self.data_dir / "streams" / f"{directory_name(stream.name)}@{stream.created}" / str(partition)
+
+    async def _close(self, key: tuple[str, int], delete: bool) -> None:
+        local = self._local.pop(key)
+        if local.follower is not None:
+            await local.follower.stop()
+        if local.endpoint is not None:
+            await local.endpoint.stop()
+        await self.switch_capture(local, False)
+        local.replica.stop()
+        await asyncio.to_thread(local.replica.close)  # it syncs the log
+        if delete:
+            await asyncio.to_thread(_remove_partition_directory, local.replica.log.directory)
+
+    def _log_config(self, settings: Any) -> LogConfig:
+        defaults = self.config.streams
+        return LogConfig(
+            segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
+            segment_max_age=settings.get("segment_max_age") or defaults.segment_max_age,
+            retention_max_bytes=settings.get("retention_max_bytes") or defaults.retention_max_bytes,
+            retention_max_messages=settings.get("retention_max_messages") or defaults.retention_max_messages,
+            retention_max_age=settings.get("retention_max_age") or defaults.retention_max_age,
+        )
+
+    # ---- notifications -----------------------------------------------------------------------
+
+    def _notify_followers(self, replica: PartitionReplica, followers: list[str]) -> None:
+        notification = encode_notification(replica.stream, replica.partition)
+        for follower in followers:
+            self.tasks.spawn(self.nc.publish(self.subjects.notify(follower), notification), "notify")
+
+    async def _on_notification(self, msg: Msg) -> None:
+        try:
+            note = envelope.decode_message(
+                msg.data, envelope.MsgType.PARTITION_NOTIFICATION, internal_pb2.PartitionNotification
+            )
+        except envelope.EnvelopeError as exc:
+            log.warning("dropping malformed partition notification: %s", exc)
+            return
+        local = self.get(note.stream, note.partition)
+        if local is not None and local.follower is not None:
+            local.follower.notify()
+
+
+async def _no_capture(local: LocalPartition, capturing: bool) -> None:
+    pass
+
+
+def _remove_partition_directory(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    stream_dir = directory.parent
+    if stream_dir.exists() and not any(stream_dir.iterdir()):
+        stream_dir.rmdir()

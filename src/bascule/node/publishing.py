@@ -1,0 +1,93 @@
+"""Publishing for the API: appends to partitions this node leads, and envelopes through NATS to
+partitions led elsewhere (as Liftbridge forwards them: on the partition's subject, acked to an
+inbox of this node's)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from functools import partial
+
+from bascule.metadata.raft import MetadataError, MetadataRaft
+from bascule.metadata.state import NOT_FOUND
+from bascule.natsio.publisher import EnvelopePublisher
+from bascule.node.capture import when_ackable
+from bascule.partition.replica import PartitionReplica, settle
+from bascule.wire import capture
+from bascule.wire.entry import Record
+from bascule.wire.names import partition_subject
+from bascule.wire.pb import api_pb2
+
+REMOTE_ACK_TIMEOUT = 30.0
+# gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
+# one fsync and one replication round serve a whole window of them instead of one each.
+API_WRITE_LINGER = 0.0005
+
+# Told how one publish ended: (ack, None) on success, (None, error) otherwise.
+AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
+
+
+class PublishPath:
+    def __init__(self, raft: MetadataRaft, envelopes: EnvelopePublisher) -> None:
+        self.raft = raft
+        self.envelopes = envelopes
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest publish request accepted: forwarded to a leader elsewhere, it must fit one
+        NATS message as an envelope with this node's ack inbox. Replication carries whatever that
+        makes (big entries go in pieces)."""
+        return self.envelopes.max_message_bytes
+
+    def submit(
+        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        on_ack: AckOutcome,
+    ) -> None:
+        """Append to a partition this node leads, whose messages carry ``subject``; ``on_ack``
+        gets the ack once written (committed, under ack policy ALL), or the error."""
+        reception = time.time_ns()
+        request = capture.AckRequest("", correlation_id, policy, subject)
+
+        def ackable(offset: int | None, error: BaseException | None) -> None:
+            if error is not None or offset is None:
+                on_ack(None, error)
+            else:
+                on_ack(capture.ack_message(replica.stream, subject, offset, request, reception,
+                                           time.time_ns()), None)
+
+        def written(offset: int | None, error: BaseException | None) -> None:
+            if error is None and offset is not None:
+                when_ackable(replica, policy, offset, ackable)
+            else:
+                on_ack(None, error)
+
+        replica.submit([record], written, API_WRITE_LINGER)
+
+    async def publish(
+        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+    ) -> api_pb2.Ack:
+        """``submit``, awaited."""
+        acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
+        self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked))
+        return await acked
+
+    async def publish_to_subject(
+        self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None
+    ) -> api_pb2.Ack | None:
+        """Publish an envelope on NATS, as Liftbridge does, and optionally wait for the leader's ack."""
+        if not wait:
+            await self.envelopes.publish(subject, message)
+            return None
+        return await self.envelopes.request(subject, message, timeout or REMOTE_ACK_TIMEOUT)
+
+    async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        """Publish to a partition led elsewhere, through its NATS subject."""
+        stream = self.raft.state.streams.get(request.stream)
+        if stream is None:
+            raise MetadataError(NOT_FOUND, "No such stream or partition")
+        message = api_pb2.Message(
+            key=request.key, value=request.value, headers=request.headers,
+            correlationId=request.correlationId, ackPolicy=request.ackPolicy,
+        )
+        return await self.publish_to_subject(partition_subject(stream.subject, request.partition), message, wait)

@@ -1,0 +1,156 @@
+"""Turning NATS messages on a stream's subject into records, and acks back into NATS.
+
+A payload that is a Liftbridge Publish envelope keeps its key, headers and ack
+request; anything else (including a broken envelope, which is logged) is stored
+whole as the value, because plain publishers must never lose a message to parsing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from bascule.wire import envelope
+from bascule.wire.entry import Record, encode_headers
+from bascule.wire.names import is_protocol_token
+from bascule.wire.pb import api_pb2
+
+log = logging.getLogger(__name__)
+
+LEADER, ALL, NONE = api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE
+
+
+@dataclass(slots=True)  # not frozen: that costs three times as much to build, once per message
+class AckRequest:
+    inbox: str
+    correlation_id: str
+    policy: int
+    msg_subject: str
+
+
+HEADER_CACHE_SIZE = 4096
+_header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
+
+
+def _stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
+    """The subject/reply headers of a plain message and their encoding, shared by every
+    message with the same pair (wildcard streams see many subjects: the cache is bounded)."""
+    cached = _header_cache.get((subject, reply))
+    if cached is None:
+        if len(_header_cache) >= HEADER_CACHE_SIZE:
+            _header_cache.clear()
+        headers = {"subject": subject.encode(), "reply": reply.encode()}
+        cached = _header_cache[(subject, reply)] = (headers, encode_headers(headers))
+    return cached
+
+
+@dataclass(slots=True)
+class CapturedBatch:
+    """The records of one burst of NATS messages, and the acks they ask for."""
+
+    records: list[Record]
+    acks: list[tuple[int, AckRequest]]  # (index of the record in records, its ack request)
+
+
+def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+    batch = CapturedBatch([], [])
+    records, acks = batch.records, batch.acks
+    subject = reply = None
+    for delivery_subject, delivery_reply, payload in deliveries:
+        # The capture connection hands out one str per distinct subject: identity finds repeats.
+        if delivery_subject is not subject or delivery_reply is not reply:
+            subject, reply = delivery_subject, delivery_reply
+            headers, header_block = _stored_headers(subject, reply)
+        record, ack = _record(payload, subject, headers, header_block)
+        if ack is not None:
+            acks.append((len(records), ack))
+        records.append(record)
+    return batch
+
+
+def record_from_nats(
+    data: bytes, subject: str, reply: str
+) -> tuple[Record, AckRequest | None]:
+    return _record(data, subject, *_stored_headers(subject, reply))
+
+
+def _record(
+    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
+) -> tuple[Record, AckRequest | None]:
+    if envelope.is_envelope(data):
+        try:
+            message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
+        except envelope.EnvelopeError as exc:
+            log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
+        else:
+            return _record_from_publish(message, headers, header_block, subject)
+    return Record(data, None, headers, 0, header_block), None
+
+
+def _record_from_publish(
+    message: api_pb2.Message, headers: dict[str, bytes], header_block: bytes, subject: str
+) -> tuple[Record, AckRequest | None]:
+    key = message.key or None
+    if message.headers:
+        record = Record(message.value, key, {**message.headers, **headers})
+    else:
+        record = Record(message.value, key, headers, header_block=header_block)
+    ack = None
+    inbox = message.ackInbox
+    if inbox and message.ackPolicy != NONE:
+        if is_protocol_token(inbox):
+            ack = AckRequest(inbox, message.correlationId, message.ackPolicy, subject)
+        else:
+            log.warning("not acking a message on %s: its ack inbox %r is not a NATS subject", subject, inbox[:100])
+    return record, ack
+
+
+def ack_message(
+    stream: str,
+    partition_subject: str,
+    offset: int,
+    request: AckRequest,
+    reception_ns: int,
+    commit_ns: int,
+) -> api_pb2.Ack:
+    return api_pb2.Ack(
+        stream=stream,
+        partitionSubject=partition_subject,
+        msgSubject=request.msg_subject,
+        offset=offset,
+        ackInbox=request.inbox,
+        correlationId=request.correlation_id,
+        ackPolicy=request.policy,
+        receptionTimestamp=reception_ns,
+        commitTimestamp=commit_ns,
+    )
+
+
+def encode_acks(
+    stream: str,
+    partition_subject: str,
+    first_offset: int,
+    acks: list[tuple[int, AckRequest]],
+    reception_ns: int,
+    commit_ns: int,
+) -> list[tuple[str, bytes]]:
+    """(inbox, enveloped Ack) for each ack of a batch whose first record is at ``first_offset``.
+
+    The fields a batch's acks share are serialized once and appended to each ack's own
+    fields: protobuf parses concatenated encodings as one message with every field set.
+    """
+    header = envelope.header(envelope.MsgType.ACK)
+    shared: dict[tuple[str, int], bytes] = {}
+    encoded = []
+    for index, request in acks:
+        common = shared.get((request.msg_subject, request.policy))
+        if common is None:
+            common = shared[(request.msg_subject, request.policy)] = api_pb2.Ack(
+                stream=stream, partitionSubject=partition_subject, msgSubject=request.msg_subject,
+                ackPolicy=request.policy, receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
+            ).SerializeToString()
+        own = api_pb2.Ack(
+            offset=first_offset + index, ackInbox=request.inbox, correlationId=request.correlation_id
+        ).SerializeToString()
+        encoded.append((request.inbox, header + own + common))
+    return encoded
