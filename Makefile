@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test soak containers fuse proto clean
+.PHONY: venv run test check soak containers fuse proto clean
 
 venv: $(STAMP)
 
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
-test: venv containers fuse
+test: venv check containers fuse
 	$(PY) -m pytest -q $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
+
+# Lint, types and the layering contracts (pyproject.toml): the code's shape, checked before its behaviour.
+check: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # Only the nemesis test (tests/integration/test_nemesis.py), with many more faults: 300 unless
 # BASCULE_NEMESIS_FAULTS says otherwise; BASCULE_NEMESIS_SEED=<seed> replays a run (its seed is printed

@@ -34,12 +34,10 @@ def _target_partitions(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bascule.node.config import add_server_arguments
+    from bascule.config import add_server_arguments
 
     parser = argparse.ArgumentParser(prog="bascule", description="Durable, replicated streams on NATS")
     commands = parser.add_subparsers(dest="command", required=True)
-
-    commands.add_parser("bench", help="benchmarks against NATS JetStream (bascule bench --help)", add_help=False)
 
     server = commands.add_parser("server", help="run a bascule server")
     add_server_arguments(server)
@@ -292,14 +290,10 @@ ADMIN_COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        from bascule.bench import main as bench_main  # its own flags; see `bascule bench --help`
-
-        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "server":
-            from bascule.node.server import run_from_args
+            from bascule.server import run_from_args
 
             return run_from_args(args)
         asyncio.run(_admin(args))

@@ -19,7 +19,9 @@ from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject
 from bascule.wire.pb import api_pb2
 
-REMOTE_ACK_TIMEOUT = 30.0
+# How long a publish waits for its ack (its commit, under ack policy ALL) before the client is
+# told UNAVAILABLE; the write may still commit, as with any ack that is lost.
+ACK_TIMEOUT = 30.0
 # gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
@@ -41,7 +43,7 @@ class PublishPath:
         return self.envelopes.max_message_bytes
 
     def submit(
-        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
         on_ack: AckOutcome,
     ) -> None:
         """Append to a partition this node leads, whose messages carry ``subject``; ``on_ack``
@@ -65,12 +67,12 @@ class PublishPath:
         replica.submit([record], written, API_WRITE_LINGER)
 
     async def publish(
-        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
     ) -> api_pb2.Ack:
         """``submit``, awaited."""
         acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
         self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked))
-        return await acked
+        return await asyncio.wait_for(acked, ACK_TIMEOUT)
 
     async def publish_to_subject(
         self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None
@@ -79,7 +81,7 @@ class PublishPath:
         if not wait:
             await self.envelopes.publish(subject, message)
             return None
-        return await self.envelopes.request(subject, message, timeout or REMOTE_ACK_TIMEOUT)
+        return await self.envelopes.request(subject, message, timeout or ACK_TIMEOUT)
 
     async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
         """Publish to a partition led elsewhere, through its NATS subject."""
