@@ -2,8 +2,9 @@
 
 One SparkSession (local[2]) and one bascule node (a real process) serve every test here: a session
 starts in about 5 s, so it is shared. Tests that need the JVM are marked `spark` and skipped, saying
-so, when there is no `java`; the others check the offset arithmetic, the options, and the readers'
-and writers' planning against the node directly, with no Spark session.
+so, when there is no `java`; the others check the readers' and writers' planning against the node
+directly, with no Spark session. The pure rules (offsets, options, conversions, retries) are checked
+in tests/unit/test_spark_*.py.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 import nats  # noqa: E402
 
 from bascule.client import Client  # noqa: E402
+from bascule.spark import BasculeDataSource, BasculeSparkError  # noqa: E402
+from bascule.spark.planning import OffsetRange  # noqa: E402
 from bascule.testing.local import LocalCluster  # noqa: E402
-
-from bascule.spark import BasculeDataSource  # noqa: E402
-from bascule.spark.options import BasculeSparkError, parse_read_options, parse_write_options  # noqa: E402
-from bascule.spark.planning import OffsetRange, cap, plan_ranges, rate_limit, split_ranges  # noqa: E402
 
 
 def spark_test(test):
@@ -39,67 +38,6 @@ def spark_test(test):
 
 
 PER_PARTITION = 10_000
-
-
-# ---- offsets arithmetic and options (no JVM) ------------------------------------------------------
-
-
-def test_rate_limit_shares_the_limit_in_proportion_and_starves_no_partition():
-    start = {"s": {0: 0, 1: 100, 2: 5}}
-    end = {"s": {0: 900, 1: 200, 2: 5}}
-    assert rate_limit(start, end, 100) == {"s": {0: 90, 1: 110, 2: 5}}
-    assert rate_limit(start, end, 5000) == end
-    assert rate_limit({"s": {0: 0, 1: 0}}, {"s": {0: 10_000, 1: 1}}, 10) == {"s": {0: 9, 1: 1}}
-
-
-def test_split_ranges_for_min_partitions_and_max_records():
-    ranges = [OffsetRange("s", 0, 0, 900), OffsetRange("s", 1, 0, 100, strict_start=False), OffsetRange("s", 2, 7, 7)]
-    parts = split_ranges(ranges, min_partitions=10)
-    assert [(r.partition, r.start, r.end, r.strict_start) for r in parts if r.partition == 1] == [(1, 0, 100, False)]
-    assert len([r for r in parts if r.partition == 0]) == 9 and len(parts) == 10
-    assert [(r.start, r.end) for r in split_ranges([ranges[0]], max_records=400)] == [(0, 300), (300, 600), (600, 900)]
-    halves = split_ranges([ranges[1]], max_records=50)
-    assert [(r.start, r.end, r.strict_start) for r in halves] == [(0, 50, False), (50, 100, True)]
-
-
-def test_new_and_reset_partitions_are_read_from_their_start_and_available_now_caps():
-    ranges = plan_ranges({"s": {0: 10, 1: 50}}, {"s": {0: 20, 1: 30, 2: 5}})
-    assert ranges == [OffsetRange("s", 0, 10, 20), OffsetRange("s", 1, 0, 30, False), OffsetRange("s", 2, 0, 5, False)]
-    # A partition created after the run began waits for the next run.
-    assert cap({"s": {0: 90, 1: 4}}, {"s": {0: 50}}, {"s": {0: 10}}) == {"s": {0: 50}}
-
-
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        ({"stream": "s"}, "the option 'brokers' is required"),
-        ({"brokers": "h:1"}, "give exactly one of the options 'stream'"),
-        ({"brokers": "h:1", "stream": "s", "startingOffsets": "[1]"}, "must be a JSON object of streams"),
-        ({"brokers": "h:1", "stream": "s", "startingOffsets": '{"s": {"0": -3}}'}, "offset -3 for s/0 is invalid"),
-        ({"brokers": "h:1", "stream": "s", "startingOffsets": '{"t": {"0": 1}}'}, "name stream 't', which stream s"),
-        ({"brokers": "h:1", "stream": "s", "endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
-        ({"brokers": "h:1", "stream": "s", "startingTimestamp": "yesterday"}, "milliseconds since the epoch"),
-        ({"brokers": "h:1", "streamPattern": "("}, "not a valid regular expression"),
-        ({"brokers": "h:1", "stream": "s", "failOnDataLoss": "yes"}, "must be 'true' or 'false'"),
-        ({"brokers": "h:1", "stream": "s", "maxMessagesPerTrigger": "0"}, "must be >= 1"),
-    ],
-)
-def test_read_option_errors(options, message):
-    with pytest.raises(BasculeSparkError, match=message):
-        parse_read_options(options, streaming=False)
-
-
-def test_streaming_and_write_options():
-    o = parse_read_options({"BROKERS": "a:1,b:2", "stream": "s,t", "maxOffsetsPerTrigger": "5"}, streaming=True)
-    assert (o.brokers, o.selection.streams, o.starting.kind, o.max_messages_per_trigger) == (
-        ("a:1", "b:2"), ("s", "t"), "latest", 5
-    )
-    with pytest.raises(BasculeSparkError, match="endingOffsets is for batch queries only"):
-        parse_read_options({"brokers": "a:1", "stream": "s", "endingOffsets": "latest"}, streaming=True)
-    w = parse_write_options({"brokers": "a:1", "stream": "s", "ackPolicy": "LEADER"})
-    assert (w.ack_policy, w.partitioner, w.write_batch_size) == ("leader", "key", 1000)
-    with pytest.raises(BasculeSparkError, match="ackPolicy must be one of all, leader, none"):
-        parse_write_options({"brokers": "a:1", "ackPolicy": "most"})
 
 
 # ---- fixtures ------------------------------------------------------------------------------------
@@ -307,11 +245,14 @@ def test_planning_against_the_brokers(broker, batch_stream):
     ]
     assert plan(broker, streamPattern="no-such-.*") == []
     cases = [
-        ({"stream": "orders", "endingOffsets": '{"orders": {"7": 1}}'}, r"names partitions \[7\] of stream 'orders', which has partitions 0\.\.2"),
-        ({"stream": "orders", "startingOffsets": '{"orders": {"0": 10001}}'}, "offset 10001 of orders/0 is beyond its last committed message"),
+        ({"stream": "orders", "endingOffsets": '{"orders": {"7": 1}}'},
+         r"names partitions \[7\] of stream 'orders', which has partitions 0\.\.2"),
+        ({"stream": "orders", "startingOffsets": '{"orders": {"0": 10001}}'},
+         "offset 10001 of orders/0 is beyond its last committed message"),
         ({"stream": "orders", "startingOffsets": '{"orders": {"0": 50}}', "endingOffsets": '{"orders": {"0": 40}}'},
          "the starting offset 50 of orders/0 is after its ending offset 40"),
-        ({"stream": "orders", "startingTimestamp": str(time.time_ns() // 1_000_000 + 3_600_000)}, r"no message of orders/\d has a timestamp at or after"),
+        ({"stream": "orders", "startingTimestamp": str(time.time_ns() // 1_000_000 + 3_600_000)},
+         r"no message of orders/\d has a timestamp at or after"),
         ({"assign": '{"orders": [0, 5]}'}, r"assign names partitions \[5\] of stream 'orders'"),
         ({"stream": "orders,nope,nope2"}, "streams 'nope', 'nope2' do not exist"),
         ({"brokers": "127.0.0.1:1", "stream": "orders"}, "no broker answered"),
@@ -366,7 +307,8 @@ def test_fail_on_data_loss(spark, cluster, broker):
     from pyspark.errors import PySparkException
 
     needs_removed = {"stream": "short", "startingOffsets": json.dumps({"short": {"0": 0}})}
-    with pytest.raises((PySparkException, Py4JJavaError), match=r"data loss in stream 'short' partition 0: offsets 0\.\."):
+    lost = r"data loss in stream 'short' partition 0: offsets 0\.\."
+    with pytest.raises((PySparkException, Py4JJavaError), match=lost):
         reader(spark, broker, **needs_removed).count()
     # Skipping ahead, or starting at "earliest" (which is no loss), reads what is left.
     skipped = read_plain(broker, failOnDataLoss="false", **needs_removed)
@@ -413,7 +355,8 @@ def test_stream_offsets_and_data_loss_without_spark(broker):
     run(publish_client(broker, "gone", 0, [b"z"] * 3))
     with pytest.raises(BasculeSparkError, match=r"partitions \[1\] of stream 'gone' no longer exist"):
         stream_reader().latestOffset(checkpointed, ReadAllAvailable())
-    with pytest.raises(BasculeSparkError, match="stream 'gone' partition 0 now ends at offset 2, but the query already read up to offset 9"):
+    truncated = "stream 'gone' partition 0 now ends at offset 2, but the query already read up to offset 9"
+    with pytest.raises(BasculeSparkError, match=truncated):
         stream_reader().latestOffset({"gone": {"0": 10}}, ReadAllAvailable())
     lenient = stream_reader(failOnDataLoss="false")
     end = lenient.latestOffset(checkpointed, ReadAllAvailable())
@@ -521,14 +464,16 @@ def test_a_failed_ack_fails_the_write_with_the_reason(spark, broker):
     from pyspark.errors import PySparkException
 
     huge = spark.createDataFrame([(b"x" * (1024 * 1024 + 10),)], "value binary")
-    with pytest.raises((PySparkException, Py4JJavaError), match=r"publishing to stream 'sink' partition 0 failed: .*exceeds the limit of \d+"):
+    refused = r"publishing to stream 'sink' partition 0 failed: .*exceeds the limit of \d+"
+    with pytest.raises((PySparkException, Py4JJavaError), match=refused):
         huge.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
 
 
 def test_write_errors_without_spark(broker):
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from bascule.spark import io
+    from bascule.spark.arrow import OutgoingMessages
+    from bascule.spark.writing import Publisher
 
     options = {"brokers": broker, "stream": "sink"}
     source = BasculeDataSource(options)
@@ -543,11 +488,12 @@ def test_write_errors_without_spark(broker):
 
     async def publish(stream: str, partition: int | None) -> None:
         async with Client(broker) as client:
-            publisher = io.Publisher(client, "all", 100, "key")
-            await publisher.publish_rows([stream], [partition], [None], [b"v"], [None])
+            publisher = Publisher(client, "all", 100, "key")
+            await publisher.publish(OutgoingMessages([stream], [partition], [None], [b"v"], [None]))
 
     run(create(broker, "sink-errors", "sink.errors", partitions=3))
-    with pytest.raises(BasculeSparkError, match="cannot write to partition 5 of stream 'sink-errors': it has partitions 0..2"):
+    no_such_partition = "cannot write to partition 5 of stream 'sink-errors': it has partitions 0..2"
+    with pytest.raises(BasculeSparkError, match=no_such_partition):
         run(publish("sink-errors", 5))
     with pytest.raises(BasculeSparkError, match="cannot write to stream 'missing': it does not exist"):
         run(publish("missing", None))
@@ -560,14 +506,17 @@ def test_a_streaming_pipeline_writes_to_another_stream(spark, broker, tmp_path):
     run(create(broker, "pipe-in", "pipe.in", partitions=2))
     run(create(broker, "pipe-out", "pipe.out", partitions=2))
     for p in range(2):
-        run(publish_client(broker, "pipe-in", p, [b"m%d-%d" % (p, i) for i in range(300)], [b"k%d" % i for i in range(300)]))
+        values, keys = [b"m%d-%d" % (p, i) for i in range(300)], [b"k%d" % i for i in range(300)]
+        run(publish_client(broker, "pipe-in", p, values, keys))
     source = (
         spark.readStream.format("bascule").option("brokers", broker).option("stream", "pipe-in")
         .option("startingOffsets", "earliest").load()
     )
     upper = source.select(
         "key", "partition", F.upper(F.col("value").cast("string")).alias("value"),
-        F.map_concat("headers", F.create_map(F.lit("from"), F.col("offset").cast("string").cast("binary"))).alias("headers"),
+        F.map_concat(
+            "headers", F.create_map(F.lit("from"), F.col("offset").cast("string").cast("binary"))
+        ).alias("headers"),
     )
     query = (
         upper.writeStream.format("bascule").option("brokers", broker).option("stream", "pipe-out")
@@ -576,5 +525,6 @@ def test_a_streaming_pipeline_writes_to_another_stream(spark, broker, tmp_path):
     query.awaitTermination(120)
     assert query.exception() is None
     out = reader(spark, broker, stream="pipe-out").toArrow().to_pydict()
-    got = sorted(zip(out["partition"], out["offset"], out["key"], out["value"], [dict(h)["from"] for h in out["headers"]]))
+    origins = [dict(h)["from"] for h in out["headers"]]
+    got = sorted(zip(out["partition"], out["offset"], out["key"], out["value"], origins))
     assert got == [(p, i, b"k%d" % i, b"M%d-%d" % (p, i), str(i).encode()) for p in range(2) for i in range(300)]

@@ -7,7 +7,8 @@
 See docs/spark.md for every option.
 """
 
-from bascule.spark.options import BasculeSparkError
-from bascule.spark.source import SCHEMA, SCHEMA_DDL, BasculeDataSource
+from bascule.spark.errors import BasculeSparkError
+from bascule.spark.schema import SCHEMA, SCHEMA_DDL
+from bascule.spark.source import BasculeDataSource
 
 __all__ = ["SCHEMA", "SCHEMA_DDL", "BasculeDataSource", "BasculeSparkError"]

@@ -11,6 +11,9 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import overload
+
+from bascule.spark.errors import BasculeSparkError
 
 EARLIEST = -2  # in offset JSON, as in Spark's Kafka source
 LATEST = -1
@@ -39,13 +42,6 @@ CANONICAL = {
         "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows ackPolicy partitioner writeBatchSize"
     ).split()
 }
-
-
-class BasculeSparkError(Exception):
-    """A bascule Spark source or sink cannot do what it was asked; the message says why."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"bascule: {message}")
 
 
 # ---- offsets specifications ----------------------------------------------------------------------
@@ -212,6 +208,10 @@ def _check_names(options: Mapping[str, str], known: set[str]) -> None:
             raise BasculeSparkError(f"unknown option {name!r}; did you mean {CANONICAL.get(close[0], close[0])!r}?")
 
 
+@overload
+def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> int: ...
+@overload
+def _int(options: Mapping[str, str], name: str, default: None, minimum: int) -> int | None: ...
 def _int(options: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
     text = options.get(name, "").strip()
     if not text:
@@ -283,47 +283,10 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
     _check_names(options, READ_OPTIONS)
     brokers = _brokers(options)
     selection = _selection(options)
-
-    if "startingtimestamp" in options and options["startingtimestamp"].strip():
-        text = options["startingtimestamp"].strip()
-        if not text.isdigit():
-            raise BasculeSparkError(f"startingTimestamp must be milliseconds since the epoch, got {text!r}")
-        starting = OffsetSpec("timestamp", timestamp_ms=int(text))
-    elif options.get("startingoffsetsbytimestamp", "").strip():
-        starting = parse_timestamps_spec("startingOffsetsByTimestamp", options["startingoffsetsbytimestamp"])
-    elif options.get("startingoffsets", "").strip():
-        # As in Spark's Kafka source: a batch query cannot start at latest.
-        starting = parse_offset_spec("startingOffsets", options["startingoffsets"], allow_latest=streaming)
-    else:
-        starting = OffsetSpec("latest" if streaming else "earliest")
-
-    ending_names = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
-    ending_given = [n for n in ending_names if options.get(n, "").strip()]
-    if streaming and ending_given:
-        raise BasculeSparkError(f"{CANONICAL[ending_given[0]]} is for batch queries only; a streaming query has no end")
-    if options.get("endingtimestamp", "").strip():
-        text = options["endingtimestamp"].strip()
-        if not text.isdigit():
-            raise BasculeSparkError(f"endingTimestamp must be milliseconds since the epoch, got {text!r}")
-        ending = OffsetSpec("timestamp", timestamp_ms=int(text))
-    elif options.get("endingoffsetsbytimestamp", "").strip():
-        ending = parse_timestamps_spec("endingOffsetsByTimestamp", options["endingoffsetsbytimestamp"])
-    elif options.get("endingoffsets", "").strip():
-        ending = parse_offset_spec("endingOffsets", options["endingoffsets"], allow_earliest=False)
-    else:
-        ending = OffsetSpec("latest")
-
-    for spec, name in ((starting, "starting offsets"), (ending, "ending offsets")):
-        for stream in spec.streams:
-            if selection.assign is not None and stream in selection.assign:
-                missing = set(spec.offsets[stream]) - set(selection.assign[stream])
-                if missing:
-                    raise BasculeSparkError(
-                        f"{name} name partitions {sorted(missing)} of {stream!r}, which assign does not"
-                    )
-            elif not selection.matches(stream):
-                raise BasculeSparkError(f"{name} name stream {stream!r}, which {selection.describe()} does not select")
-
+    starting = _starting(options, streaming)
+    ending = _ending(options, streaming)
+    _check_selected(starting, "starting offsets", selection)
+    _check_selected(ending, "ending offsets", selection)
     max_per_trigger = _int(options, "maxmessagespertrigger", None, 1)
     if max_per_trigger is None:
         max_per_trigger = _int(options, "maxoffsetspertrigger", None, 1)
@@ -342,6 +305,50 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
         max_batch_rows=_int(options, "maxbatchrows", 10_000, 1),
     )
+
+
+def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
+    if options.get("startingtimestamp", "").strip():
+        return _at_time(options, "startingtimestamp")
+    if options.get("startingoffsetsbytimestamp", "").strip():
+        return parse_timestamps_spec("startingOffsetsByTimestamp", options["startingoffsetsbytimestamp"])
+    if options.get("startingoffsets", "").strip():
+        # As in Spark's Kafka source: a batch query cannot start at latest.
+        return parse_offset_spec("startingOffsets", options["startingoffsets"], allow_latest=streaming)
+    return OffsetSpec("latest" if streaming else "earliest")
+
+
+def _ending(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
+    given = [n for n in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if options.get(n, "").strip()]
+    if streaming and given:
+        raise BasculeSparkError(f"{CANONICAL[given[0]]} is for batch queries only; a streaming query has no end")
+    if options.get("endingtimestamp", "").strip():
+        return _at_time(options, "endingtimestamp")
+    if options.get("endingoffsetsbytimestamp", "").strip():
+        return parse_timestamps_spec("endingOffsetsByTimestamp", options["endingoffsetsbytimestamp"])
+    if options.get("endingoffsets", "").strip():
+        return parse_offset_spec("endingOffsets", options["endingoffsets"], allow_earliest=False)
+    return OffsetSpec("latest")
+
+
+def _at_time(options: Mapping[str, str], name: str) -> OffsetSpec:
+    text = options[name].strip()
+    if not text.isdigit():
+        raise BasculeSparkError(f"{CANONICAL[name]} must be milliseconds since the epoch, got {text!r}")
+    return OffsetSpec("timestamp", timestamp_ms=int(text))
+
+
+def _check_selected(spec: OffsetSpec, name: str, selection: Selection) -> None:
+    """Streams and partitions a spec names must be ones the selection reads."""
+    for stream in spec.streams:
+        if selection.assign is not None and stream in selection.assign:
+            missing = set(spec.offsets[stream]) - set(selection.assign[stream])
+            if missing:
+                raise BasculeSparkError(
+                    f"{name} name partitions {sorted(missing)} of {stream!r}, which assign does not"
+                )
+        elif not selection.matches(stream):
+            raise BasculeSparkError(f"{name} name stream {stream!r}, which {selection.describe()} does not select")
 
 
 # ---- write options -------------------------------------------------------------------------------

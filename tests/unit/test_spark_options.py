@@ -1,0 +1,127 @@
+"""bascule.spark.options: the data source's options parsed and checked, with errors that name the
+option (no Spark session, no brokers)."""
+
+import pytest
+
+pytest.importorskip("pyspark", reason="PySpark is not installed (pip install -e '.[spark]')")
+
+from bascule.spark.errors import BasculeSparkError  # noqa: E402
+from bascule.spark.options import EARLIEST, LATEST, parse_read_options, parse_write_options  # noqa: E402
+
+BASE = {"brokers": "h:1", "stream": "s"}  # the least a read needs
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"stream": "s"}, "the option 'brokers' is required"),
+        ({"brokers": " , ", "stream": "s"}, "the option 'brokers' is required"),
+        ({"brokers": "h", "stream": "s"}, "brokers: 'h' is not host:port"),
+        ({"brokers": "h:port", "stream": "s"}, "brokers: 'h:port' is not host:port"),
+        ({"brokers": "h:1"}, "give exactly one of the options 'stream'"),
+        ({**BASE, "streamPattern": "s.*"}, "got stream, streamPattern"),
+        ({**BASE, "startingOffsets": "[1]"}, "must be a JSON object of streams"),
+        ({**BASE, "startingOffsets": "{}"}, "must be a JSON object of streams"),
+        ({**BASE, "startingOffsets": "{not json"}, "must be 'earliest', 'latest' or JSON"),
+        ({**BASE, "startingOffsets": '{"s": 3}'}, "the value for stream 's' must be an object"),
+        ({**BASE, "startingOffsets": '{"s": {"x": 1}}'}, "partition 'x' of stream 's' is not a number"),
+        ({**BASE, "startingOffsets": '{"s": {"-1": 1}}'}, "partition -1 of stream 's' is negative"),
+        ({**BASE, "startingOffsets": '{"s": {"0": 1.5}}'}, "the offset for s/0 must be an integer"),
+        ({**BASE, "startingOffsets": '{"s": {"0": true}}'}, "the offset for s/0 must be an integer"),
+        ({**BASE, "startingOffsets": '{"s": {"0": -3}}'}, "offset -3 for s/0 is invalid"),
+        ({**BASE, "startingOffsets": '{"t": {"0": 1}}'}, "name stream 't', which stream s"),
+        ({**BASE, "startingOffsets": "latest"}, "startingOffsets cannot be 'latest' here"),
+        ({**BASE, "startingOffsets": '{"s": {"0": -1}}'}, r"-1 \(latest\) is not allowed"),
+        ({**BASE, "endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
+        ({**BASE, "endingOffsets": '{"s": {"0": -2}}'}, r"-2 \(earliest\) is not allowed"),
+        ({**BASE, "startingTimestamp": "yesterday"}, "milliseconds since the epoch"),
+        ({**BASE, "startingTimestamp": "-5"}, "milliseconds since the epoch"),
+        ({**BASE, "endingTimestamp": "1.5"}, "endingTimestamp must be milliseconds"),
+        ({**BASE, "startingOffsetsByTimestamp": '{"s": {"0": -1}}'}, "timestamp -1 for s/0 is negative"),
+        ({**BASE, "startingOffsetsByTimestamp": "soon"}, "must be JSON such as"),
+        ({"brokers": "h:1", "streamPattern": "("}, "not a valid regular expression"),
+        ({"brokers": "h:1", "assign": "[0]"}, 'assign must be JSON such as {"orders": \\[0, 1\\]}'),
+        ({"brokers": "h:1", "assign": '{"s": [0, -1]}'}, "the partitions of 's' must be a list of partition numbers"),
+        ({"brokers": "h:1", "assign": '{"s": [true]}'}, "the partitions of 's' must be a list of partition numbers"),
+        ({"brokers": "h:1", "assign": '{"s": [0]}', "endingOffsets": '{"s": {"1": 5}}'},
+         r"name partitions \[1\] of 's', which assign does not"),
+        ({**BASE, "failOnDataLoss": "yes"}, "must be 'true' or 'false'"),
+        ({**BASE, "maxMessagesPerTrigger": "0"}, "must be >= 1"),
+        ({**BASE, "minPartitions": "two"}, "minPartitions must be an integer, got 'two'"),
+        ({**BASE, "pollTimeoutMs": "-1"}, "pollTimeoutMs must be >= 1, got -1"),
+        ({**BASE, "startingOffsetsByTimestampStrategy": "skip"}, "must be one of error, latest"),
+        ({**BASE, "startingOffset": "earliest"}, "did you mean 'startingOffsets'"),
+    ],
+)
+def test_read_option_errors(options, message):
+    with pytest.raises(BasculeSparkError, match=message):
+        parse_read_options(options, streaming=False)
+
+
+def test_batch_read_defaults():
+    o = parse_read_options({"brokers": "a:1", "stream": "s"}, streaming=False)
+    assert (o.starting.kind, o.ending.kind, o.fail_on_data_loss, o.poll_timeout_ms, o.request_timeout) == (
+        "earliest", "latest", True, 120_000, 30.0
+    )
+
+
+def test_option_names_are_case_insensitive_and_unrelated_options_are_ignored():
+    o = parse_read_options(
+        {"BROKERS": "a:1", "STREAM": "s, t ,s", "checkpointLocation": "/tmp/x", "someOtherThing": "1"},
+        streaming=False,
+    )
+    assert (o.brokers, o.selection.streams) == (("a:1",), ("s", "t"))
+
+
+def test_per_partition_offsets_and_timestamps():
+    o = parse_read_options(
+        {"brokers": "a:1", "stream": "s", "startingOffsets": '{"s": {"0": -2, "1": 7}}',
+         "endingOffsetsByTimestamp": '{"s": {"1": 1700000000000}}'},
+        streaming=False,
+    )
+    assert (o.starting.kind, dict(o.starting.offsets)) == ("offsets", {"s": {0: EARLIEST, 1: 7}})
+    assert (o.ending.kind, dict(o.ending.offsets)) == ("timestamps", {"s": {1: 1700000000000}})
+    # startingTimestamp wins over the other starting options.
+    t = parse_read_options({"brokers": "a:1", "stream": "s", "startingTimestamp": "5", "startingOffsets": "earliest"},
+                           streaming=False)
+    assert (t.starting.kind, t.starting.timestamp_ms) == ("timestamp", 5)
+
+
+def test_stream_pattern_leaves_internal_streams_out_and_assign_sorts_partitions():
+    o = parse_read_options({"brokers": "a:1", "streamPattern": ".*"}, streaming=True)
+    assert o.selection.matches("orders") and not o.selection.matches("__cursors")
+    a = parse_read_options({"brokers": "a:1", "assign": '{"s": [2, 0, 2]}'}, streaming=True)
+    assert dict(a.selection.assign) == {"s": (0, 2)}
+
+
+def test_streaming_and_write_options():
+    o = parse_read_options({"BROKERS": "a:1,b:2", "stream": "s,t", "maxOffsetsPerTrigger": "5"}, streaming=True)
+    assert (o.brokers, o.selection.streams, o.starting.kind, o.max_messages_per_trigger) == (
+        ("a:1", "b:2"), ("s", "t"), "latest", 5
+    )
+    s = parse_read_options({"brokers": "a:1", "stream": "s", "startingOffsets": '{"s": {"0": -1}}'}, streaming=True)
+    assert dict(s.starting.offsets) == {"s": {0: LATEST}}
+    with pytest.raises(BasculeSparkError, match="endingOffsets is for batch queries only"):
+        parse_read_options({"brokers": "a:1", "stream": "s", "endingOffsets": "latest"}, streaming=True)
+    w = parse_write_options({"brokers": "a:1", "stream": "s", "ackPolicy": "LEADER"})
+    assert (w.ack_policy, w.partitioner, w.write_batch_size) == ("leader", "key", 1000)
+    assert parse_write_options({"brokers": "a:1"}).stream is None
+    # A read option on a writer is no near miss of a write option: ignored, as any unrelated option.
+    assert parse_write_options({"brokers": "a:1", "startingOffsets": "earliest"}).stream is None
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"brokers": "a:1", "ackPolicy": "most"}, "ackPolicy must be one of all, leader, none"),
+        ({"brokers": "a:1", "partitioner": "random"}, "partitioner must be one of key, roundrobin"),
+        ({"brokers": "a:1", "writeBatchSize": "0"}, "writeBatchSize must be >= 1"),
+        ({"brokers": "a:1", "requestTimeoutMs": "1s"}, "requestTimeoutMs must be an integer"),
+        ({"brokers": "a:1", "stream": "a,b"}, "'stream' names several"),
+        ({"brokers": "a:1", "ackPolicies": "all"}, "unknown option 'ackpolicies'; did you mean 'ackPolicy'"),
+        ({"stream": "s"}, "the option 'brokers' is required"),
+    ],
+)
+def test_write_option_errors(options, message):
+    with pytest.raises(BasculeSparkError, match=message):
+        parse_write_options(options)
