@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
-
 from google.protobuf.message import Message as ProtoMessage
 
 from bascule.wire.batches import as_batch_request
 from bascule.wire.entry import decode_entries
-from bascule.wire.settings import set_on_request
 from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc, data_pb2_grpc
+from bascule.wire.settings import set_on_request
 
 ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
 START_POSITIONS = {
@@ -96,6 +95,14 @@ RETRY_FIRST_DELAY = 0.05
 RETRY_MAX_DELAY = 1.0
 
 
+class _APIStub(api_pb2_grpc.APIStub):
+    """An API stub that keeps its channel, for bascule's own services on the same connection."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        super().__init__(channel)
+        self.channel = channel
+
+
 def _rpc_errors(call):
     """BasculeError for failed calls; UNAVAILABLE (no metadata leader yet, leadership moving) is
     retried with jittered exponential backoff for as long as the client's timeout allows."""
@@ -127,7 +134,7 @@ class Client:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._leaders: dict[tuple[str, int], str] = {}
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -138,18 +145,16 @@ class Client:
             await channel.close()
         self._channels.clear()
 
-    def _stub(self, address: str | None = None) -> api_pb2_grpc.APIStub:
+    def _stub(self, address: str | None = None) -> _APIStub:
         address = address or self.address
         if address not in self._channels:
             self._channels[address] = grpc.aio.insecure_channel(
                 address,
                 options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
             )
-        stub = api_pb2_grpc.APIStub(self._channels[address])
-        stub.channel = self._channels[address]  # for bascule's own services on the same channel
-        return stub
+        return _APIStub(self._channels[address])
 
-    async def _leader_stub(self, stream: str, partition: int) -> api_pb2_grpc.APIStub:
+    async def _leader_stub(self, stream: str, partition: int) -> _APIStub:
         if (stream, partition) not in self._leaders:
             metadata = await self.fetch_metadata(stream)
             info = metadata.streams[stream]
@@ -159,7 +164,7 @@ class Client:
             self._leaders[stream, partition] = metadata.brokers.get(leader, self.address)
         return self._stub(self._leaders[stream, partition])
 
-    async def _isr_replica_stub(self, stream: str, partition: int) -> api_pb2_grpc.APIStub:
+    async def _isr_replica_stub(self, stream: str, partition: int) -> _APIStub:
         """A random member of the partition's ISR (leader included), as Liftbridge's clients pick for readISRReplica."""
         metadata = await self.fetch_metadata(stream)
         info = metadata.streams[stream]
@@ -350,6 +355,7 @@ class Client:
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                     raise
                 last_error = exc
+        assert last_error is not None  # every broker refused, and self.address is always one
         raise last_error
 
     @_rpc_errors
@@ -387,17 +393,17 @@ class Client:
 def _as_dict(message: ProtoMessage) -> dict:
     """Every field, integers kept as integers (protobuf's JSON mapping turns int64 into strings)."""
     result = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.message_type is not None:
-            value = [_as_dict(v) for v in value] if field.is_repeated else _as_dict(value)
-        elif field.is_repeated:
+    for descriptor in message.DESCRIPTOR.fields:
+        value = getattr(message, descriptor.name)
+        if descriptor.message_type is not None:
+            value = [_as_dict(v) for v in value] if descriptor.is_repeated else _as_dict(value)
+        elif descriptor.is_repeated:
             value = list(value)
-        result[field.name] = value
+        result[descriptor.name] = value
     return result
 
 
-async def _subscribe_batches(stub: api_pb2_grpc.APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
+async def _subscribe_batches(stub: _APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
     """bascule's batch path: stored entries, many per gRPC message, decoded here."""
     batches = data_pb2_grpc.DataStub(stub.channel).SubscribeBatches(as_batch_request(request))
     stream, partition = request.stream, request.partition

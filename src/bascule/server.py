@@ -51,9 +51,7 @@ async def run(
 async def _serve(
     config: Config, tasks: Tasks, ready: asyncio.Event | None, stop: asyncio.Event, nodes: list[Node] | None,
 ) -> None:
-    tls = None
-    if config.tls.enabled:
-        tls = (Path(config.tls.cert).read_bytes(), Path(config.tls.key).read_bytes())
+    tls = await asyncio.to_thread(_read_tls, config) if config.tls.enabled else None
     node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)
@@ -73,6 +71,10 @@ async def _serve(
         if server is not None:
             await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
+
+
+def _read_tls(config: Config) -> tuple[bytes, bytes]:
+    return Path(config.tls.cert).read_bytes(), Path(config.tls.key).read_bytes()
 
 
 def tune_garbage_collector() -> None:
@@ -102,7 +104,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         failures = group.subgroup(OSError)
         if failures is None:
             raise
-        for exc in failures.exceptions:
-            print(f"bascule server: {exc}", file=sys.stderr)
+        for failure in failures.exceptions:
+            print(f"bascule server: {failure}", file=sys.stderr)
         return 1
     return 0

@@ -15,16 +15,16 @@ import contextlib
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import grpc
 import nats
 
 from bascule.client import BasculeError, Client, PartitionInfo
-from bascule.partition.log import CommitLog
-from bascule.partition.log import checkpoint
+from bascule.partition.log import CommitLog, checkpoint
 from bascule.testing.local import LocalCluster
 from bascule.wire import envelope
 from bascule.wire.entry import scan
@@ -91,7 +91,7 @@ async def node_view(cluster: LocalCluster, index: int, stream: str) -> NodeView 
     try:
         async with Client(node.address, timeout=RPC_TIMEOUT) as client:
             metadata = await client.fetch_metadata(stream)
-    except (BasculeError, asyncio.TimeoutError):
+    except (TimeoutError, BasculeError):
         return None
     info = metadata.streams.get(stream)
     partition = info.partitions.get(0) if info is not None and info.exists else None
@@ -193,7 +193,7 @@ async def publish_all_acked(cluster: LocalCluster, stream: str, values: list[byt
             async with Client(leader.address, timeout=3) as client:
                 acks = await client.publish_many(stream, values, ack_policy="all")
             return {ack.offset: value for ack, value in zip(acks, values)}
-        except (BasculeError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, BasculeError) as exc:
             last = exc
             await asyncio.sleep(0.2)
     raise AssertionError(f"{stream}: batch not acked within {timeout} s: {last!r}\n{cluster.log_tails(25)}")
@@ -240,7 +240,7 @@ class Publisher:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task | None = None
 
-    def start(self) -> "Publisher":
+    def start(self) -> Publisher:
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -249,7 +249,7 @@ class Publisher:
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), self.timeout + 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
 
@@ -289,7 +289,7 @@ class Publisher:
                         acks = await asyncio.wait_for(
                             client.publish_many(self.stream, values, ack_policy="all"), self.timeout + 1
                         )
-                    except (BasculeError, asyncio.TimeoutError, grpc.RpcError) as exc:
+                    except (TimeoutError, BasculeError, grpc.RpcError) as exc:
                         self.failures += 1
                         self.errors[getattr(getattr(exc, "code", None), "name", type(exc).__name__)] += 1
                         if len(self.error_messages) < 10:
@@ -344,7 +344,7 @@ class Observer:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task | None = None
 
-    def start(self) -> "Observer":
+    def start(self) -> Observer:
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -389,7 +389,7 @@ class Observer:
                 if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
 
-    def check(self, final: list["Stored"]) -> None:
+    def check(self, final: list[Stored]) -> None:
         """What it read is a prefix of the final log."""
         if self.violations:
             raise InvariantViolation(f"reader saw offsets out of order: {self.violations[:5]}")
@@ -614,10 +614,11 @@ class EnvelopePublisher(Publisher):
                         waiting[inbox] = (value, futures[-1])
                         message = api_pb2.Message(value=value, ackInbox=inbox, correlationId=inbox,
                                                   ackPolicy=api_pb2.AckPolicy.ALL)
-                        await nc.publish(self.stream_subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+                        enveloped = envelope.encode_message(message, envelope.MsgType.PUBLISH)
+                        await nc.publish(self.stream_subject, enveloped)
                     try:
                         await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         self.failures += 1
                         self.errors["ack timeout"] += 1
                         waiting.clear()

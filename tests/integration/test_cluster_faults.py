@@ -22,11 +22,6 @@ import time
 
 import grpc
 import pytest
-
-from bascule.client import BasculeError, Client
-from bascule.testing.local import LocalCluster
-from bascule.wire.pb import api_pb2, api_pb2_grpc
-
 from cluster_checks import (
     ALL_NODES,
     FAST,
@@ -41,7 +36,6 @@ from cluster_checks import (
     index_of,
     leader_epochs,
     leader_index,
-    leader_of,
     new_leader,
     publish_all_acked,
     publish_direct,
@@ -56,6 +50,10 @@ from cluster_checks import (
     wait_for,
 )
 
+from bascule.client import Client
+from bascule.testing.local import LocalCluster
+from bascule.wire.pb import api_pb2, api_pb2_grpc
+
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.timeout(90)]
 
 
@@ -67,7 +65,10 @@ async def test_hard_bounce_of_the_leader_under_ack_all_load() -> None:
     bounces = 4
     with LocalCluster(3, config=FAST) as cluster:
         await create_stream(cluster, "bounce")
-        async with running_observer(cluster, "bounce") as reader, running_publisher(cluster, "bounce", batch=20) as load:
+        async with (
+            running_observer(cluster, "bounce") as reader,
+            running_publisher(cluster, "bounce", batch=20) as load,
+        ):
             await load.wait_acks(5, 10)
             outages = []
             for _ in range(bounces):
@@ -405,7 +406,9 @@ async def test_minority_isr_never_acks_ack_all_publishes() -> None:
         await restart(cluster, second)
         replicas = {"minority3": ALL_NODES, "minority2": sorted([leader2, follower2])}
         for name, nodes in replicas.items():
-            await wait_for(lambda: converged(cluster, name, nodes), 25, f"{name} to recover", cluster)
+            await wait_for(
+                lambda name=name, nodes=nodes: converged(cluster, name, nodes), 25, f"{name} to recover", cluster
+            )
             acked[name].update(await publish_all_acked(cluster, name, [b"back-%d" % i for i in range(5)]))
             await check_live(cluster, name, acked[name], indexes=nodes)
         cluster.stop()
@@ -430,13 +433,15 @@ async def test_follower_loop_stops_even_when_a_reply_lands_in_the_same_turn(tmp_
 
         def __init__(self) -> None:
             self.pending: list[asyncio.Future] = []
+            self.requested = asyncio.Event()
 
         async def request(self, subject: str, payload: bytes, timeout: float):
             future = asyncio.get_running_loop().create_future()
             self.pending.append(future)
+            self.requested.set()
             try:
                 await asyncio.wait_for(future, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise NatsTimeout from None
             raise NoRespondersError  # the leader is gone: the server answers "no responders"
 
@@ -451,8 +456,7 @@ async def test_follower_loop_stops_even_when_a_reply_lands_in_the_same_turn(tmp_
     follower = FollowerLoop(nc, Subjects(""), replica, "me", FollowerSettings(1.0, 1.0, 0.5), no_report)
     follower.start()
     try:
-        while not nc.pending:
-            await asyncio.sleep(0)
+        await nc.requested.wait()
         nc.pending[-1].set_result(b"")  # the reply arrives...
         stopping = asyncio.create_task(follower.stop())  # ...in the turn the node stops this follower
         done, _ = await asyncio.wait({stopping}, timeout=2.5)
@@ -469,8 +473,8 @@ async def test_one_lost_request_does_not_get_a_healthy_leader_reported(tmp_path)
     from bascule.partition.follower import FollowerLoop, FollowerSettings
     from bascule.partition.log import CommitLog
     from bascule.partition.replica import PartitionReplica, SyncPolicy
-    from bascule.wire.subjects import Subjects
     from bascule.wire import replicate
+    from bascule.wire.subjects import Subjects
 
     class LateLeader:
         """The leader's first request is lost (it was not subscribed yet); it answers every later one."""

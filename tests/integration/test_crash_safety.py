@@ -12,11 +12,6 @@ import asyncio
 import time
 
 import pytest
-
-from bascule.client import Client
-from bascule.testing.local import LocalCluster
-from bascule.testing.powercut import fuse_unavailable_reason
-
 from cluster_checks import (
     ALL_NODES,
     FAST,
@@ -34,6 +29,10 @@ from cluster_checks import (
     stop_and_check_files,
     wait_for,
 )
+
+from bascule.client import Client
+from bascule.testing.local import LocalCluster
+from bascule.testing.powercut import fuse_unavailable_reason
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.timeout(180)]
 

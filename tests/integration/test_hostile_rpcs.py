@@ -13,13 +13,12 @@ import random
 import grpc
 import nats
 import pytest
+from conftest import running_node
 from google.protobuf.descriptor import FieldDescriptor as F
 
 from bascule.client import Client
 from bascule.wire import envelope
 from bascule.wire.pb import api_pb2, api_pb2_grpc
-
-from conftest import running_node
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -129,7 +128,9 @@ async def test_hostile_values_in_every_rpc_and_on_stream_subjects_leave_the_node
                     request = hostile_request(rng, REQUEST_TYPES[rpc])
                     code = await asyncio.wait_for(call(stub, rpc, request), 30)
                     seen.setdefault(rpc, set()).add(code)
-                    assert code != grpc.StatusCode.UNKNOWN, f"seed {seed} round {round_number}: {rpc} crashed on {request}"
+                    assert code != grpc.StatusCode.UNKNOWN, (
+                        f"seed {seed} round {round_number}: {rpc} crashed on {request}"
+                    )
                     if rpc not in MAY_WAIT:
                         assert code != grpc.StatusCode.DEADLINE_EXCEEDED, f"seed {seed}: {rpc} hung on {request}"
                     payload = envelope.encode_message(hostile_request(rng, api_pb2.Message), envelope.MsgType.PUBLISH)
@@ -138,7 +139,8 @@ async def test_hostile_values_in_every_rpc_and_on_stream_subjects_leave_the_node
             finally:
                 await nc.close()
                 await channel.close()
-            print("hostile RPCs: status codes seen", {rpc: sorted(c.name for c in codes) for rpc, codes in seen.items()})
+            seen_names = {rpc: sorted(c.name for c in codes) for rpc, codes in seen.items()}
+            print("hostile RPCs: status codes seen", seen_names)
             await client.create_stream("after", "after")
             assert (await client.publish("after", b"ok", ack_policy="all")).offset == 0
             assert [m.value async for m in client.subscribe("after", offset=0, stop_latest=True)] == [b"ok"]

@@ -13,11 +13,10 @@ import re
 import grpc
 import nats
 import pytest
+from cluster_checks import ALL_NODES, FAST, converged, create_stream, leader_index, read_node, wait_for
 
 from bascule.testing.local import LocalCluster
 from bascule.wire.pb import api_pb2, api_pb2_grpc
-
-from cluster_checks import ALL_NODES, FAST, converged, create_stream, leader_index, read_node, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.timeout(120)]
 

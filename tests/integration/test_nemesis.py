@@ -40,12 +40,6 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
-
-from bascule.client import Client
-from bascule.testing.local import LocalCluster
-from bascule.testing.powercut import fuse_unavailable_reason
-from bascule.wire.entry import decode_entries
-
 from cluster_checks import (
     ALL_NODES,
     FAST,
@@ -69,6 +63,11 @@ from cluster_checks import (
     running_publisher,
     wait_for,
 )
+
+from bascule.client import Client
+from bascule.testing.local import LocalCluster
+from bascule.testing.powercut import fuse_unavailable_reason
+from bascule.wire.entry import decode_entries
 
 FAULTS = int(os.environ.get("BASCULE_NEMESIS_FAULTS", "30"))
 SEED_ENV = "BASCULE_NEMESIS_SEED"
@@ -377,7 +376,7 @@ async def test_nemesis() -> None:
                     faulted = time.monotonic() - nemesis.started
                     # Faults stopped: all three back in the ISR with one HW, under load.
                     for stream in (STREAM, CHURN):
-                        await wait_for(lambda: converged(cluster, stream, ALL_NODES), CONVERGE_TIMEOUT,
+                        await wait_for(lambda stream=stream: converged(cluster, stream, ALL_NODES), CONVERGE_TIMEOUT,
                                        f"{stream}: all three replicas in the ISR with one HW", cluster)
                     await load.wait_acks(5, 15)
                     await eload.wait_acks(5, 15)
@@ -430,7 +429,8 @@ async def test_nemesis() -> None:
           f"in all): {dict(sorted(kinds_done.items()))}", flush=True)
     print(f"nemesis: stream {STREAM}: {len(acked)} acked ({len(load.acked)} of {load.values_sent} sent through gRPC, "
           f"{len(eload.acked)} of {eload.values_sent} over NATS), {len(final)} stored, {load.failures} + "
-          f"{eload.failures} failed batches {dict(load.errors + eload.errors)}, {len(reader.seen)} read by the observer, "
+          f"{eload.failures} failed batches {dict(load.errors + eload.errors)}, "
+          f"{len(reader.seen)} read by the observer, "
           f"{len(epochs)} leader epochs; churn: {nemesis.churn_gen + 1} generations, acks per generation "
           f"{nemesis.churn_acks}, {len(churn_final)} stored in the last; power cuts dropped {nemesis.cut_bytes} B",
           flush=True)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cluster_checks import raft_leader_index, wait_for
 
 from bascule.client import Client, Metadata
 from bascule.testing.local import LocalCluster
 from bascule.testing.powercut import fuse_unavailable_reason
-
-from cluster_checks import raft_leader_index, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.timeout(120)]
 

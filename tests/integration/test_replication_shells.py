@@ -15,9 +15,9 @@ from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog
 from bascule.partition.replica import PartitionReplica, SyncPolicy
-from bascule.wire.subjects import Subjects
 from bascule.testing.local import LocalNatsServer
 from bascule.wire.entry import Record
+from bascule.wire.subjects import Subjects
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

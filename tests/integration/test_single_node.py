@@ -5,6 +5,7 @@ import asyncio
 import grpc
 import nats
 import pytest
+from conftest import running_node
 from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.error import ErrorNotFound
 from gufo.liftbridge.types import StartPosition
@@ -12,8 +13,6 @@ from gufo.liftbridge.types import StartPosition
 from bascule.client import BasculeError, Client
 from bascule.wire import envelope
 from bascule.wire.pb import api_pb2, api_pb2_grpc
-
-from conftest import running_node
 
 pytestmark = pytest.mark.anyio
 
@@ -195,7 +194,9 @@ async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):
                 api_pb2.PublishRequest(stream="ro", value=b"x", correlationId="4", ackPolicy=ALL),
                 api_pb2.PublishRequest(stream="pz", value=b"resumes", correlationId="5", ackPolicy=ALL),
                 api_pb2.PublishRequest(stream="ok", value=b"b", correlationId="6", ackPolicy=api_pb2.AckPolicy.LEADER),
-                api_pb2.PublishRequest(stream="ok", value=b"x" * (node.publishing.max_message_bytes + 1), correlationId="7"),
+                api_pb2.PublishRequest(
+                    stream="ok", value=b"x" * (node.publishing.max_message_bytes + 1), correlationId="7"
+                ),
             ]
 
             async def stream():
@@ -360,7 +361,8 @@ async def test_subscription_starting_past_its_stop_offset_ends_at_once(tmp_path)
             await client.publish_many("past", [b"a", b"b", b"c"], ack_policy="all")
             got = await asyncio.wait_for(collect_all(client.subscribe("past", offset=2, stop_offset=1)), 5)
             assert got == []
-            assert [m.offset for m in await collect_all(client.subscribe("past", start="latest", stop_latest=True))] == [2]
+            latest = await collect_all(client.subscribe("past", start="latest", stop_latest=True))
+            assert [m.offset for m in latest] == [2]
 
 
 async def collect_all(iterator):

@@ -1,10 +1,18 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bascule.wire.capture import (
-    ALL, LEADER, NONE, AckRequest, ack_message, capture_batch, encode_acks, record_from_nats,
-)
 from bascule.wire import envelope
+from bascule.wire.capture import (
+    ALL,
+    LEADER,
+    NONE,
+    AckRequest,
+    ack_message,
+    capture_batch,
+    encode_acks,
+    record_from_nats,
+)
 from bascule.wire.pb import api_pb2
 
 
@@ -63,7 +71,8 @@ def test_capture_batch_gives_each_record_its_own_subject_and_reply():
     batch = capture_batch(deliveries)
     assert [(r.headers["subject"], r.headers["reply"]) for r in batch.records] == [
         (b"a", b""), (b"a", b""), (b"b", b""), (b"a", b"r"), (b"a", b"")]
-    assert [r.header_block for r in batch.records] == [record_from_nats(p, s, r)[0].header_block for s, r, p in deliveries]
+    one_by_one = [record_from_nats(p, s, r)[0] for s, r, p in deliveries]
+    assert [r.header_block for r in batch.records] == [record.header_block for record in one_by_one]
 
 
 def test_capture_batch_pairs_each_ack_with_its_record():
@@ -88,7 +97,7 @@ _names = st.text(st.characters(codec="utf-8", exclude_characters=" "), min_size=
     st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 2**62),
 )
 def test_batch_acks_decode_as_the_acks_built_one_by_one(requests, first_offset, reception, commit):
-    acks = [(i * 2, AckRequest(inbox, cid, policy, subject)) for i, (inbox, cid, policy, subject) in enumerate(requests)]
+    acks = [(i * 2, AckRequest(*request)) for i, request in enumerate(requests)]
     encoded = encode_acks("stream", "partition.subject", first_offset, acks, reception, commit)
     assert [inbox for inbox, _ in encoded] == [request.inbox for _, request in acks]
     for (index, request), (_, data) in zip(acks, encoded):

@@ -90,7 +90,9 @@ def test_witness_quorum(followers, quorum):
     assert witness_quorum(isr, "L") == quorum
 
 
-def report(reports, reporter, *, leader="L", epoch=3, isr=("L", "a", "b"), reported="L", reported_epoch=3, now=0.0, p="p"):
+def report(
+    reports, reporter, *, leader="L", epoch=3, isr=("L", "a", "b"), reported="L", reported_epoch=3, now=0.0, p="p"
+):
     return reports.report(p, reported, reported_epoch, reporter, leader=leader, epoch=epoch, isr=set(isr), now=now)
 
 

@@ -1,10 +1,14 @@
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bascule.metadata.placement import PlacementError, place, replica_count
 from bascule.metadata.state import (
-    ALREADY_EXISTS, FAILED_PRECONDITION, NOT_FOUND, MetadataState,
+    ALREADY_EXISTS,
+    FAILED_PRECONDITION,
+    NOT_FOUND,
+    MetadataState,
 )
 from bascule.wire.commands import CommandError, decode_command, encode_command
 

@@ -4,7 +4,8 @@ the names it refuses to put on a protocol line."""
 import asyncio
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bascule.natsio.capture import MAX_CONTROL_LINE, CaptureConnection, _Link
 

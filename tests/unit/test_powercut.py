@@ -149,11 +149,10 @@ def test_writes_through_a_shared_mmap_are_undone_without_msync(disk: PowerCutDis
 def test_msync_and_fsync_make_mmap_writes_durable(disk: PowerCutDisk, data: Path) -> None:
     write(data / "msynced", b"\0" * 8192, sync=True)
     write(data / "fsynced", b"\0" * 8192, sync=True)
-    for name, make_durable in [("msynced", mmap.mmap.flush), ("fsynced", lambda _: os.fsync(fd))]:
+    for name, make_durable in [("msynced", lambda mapped, _: mapped.flush()), ("fsynced", lambda _, fd: os.fsync(fd))]:
         with open(data / name, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapped:
-            fd = file.fileno()
             mapped[4096:4101] = b"saved"
-            make_durable(mapped)
+            make_durable(mapped, file.fileno())
             mapped[0:4] = b"lost"  # after the sync: undone
     disk.cut()
     for name in ("msynced", "fsynced"):

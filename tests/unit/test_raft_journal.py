@@ -46,7 +46,9 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Every fsync, fdatasync and rename made from now on, in order, as (call, file name)."""
     calls: list[tuple[str, str]] = []
     for name in ("fsync", "fdatasync"):
-        def record(fd: int, name: str = name, real=getattr(os, name)) -> None:
+        real_sync = getattr(os, name)
+
+        def record(fd: int, name: str = name, real=real_sync) -> None:
             calls.append((name, os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
             real(fd)
 

@@ -115,7 +115,8 @@ async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and
     leader_log = leader_replica.log
     for batch in range(10):
         leader_replica.submit([Record(b"x" * 20) for _ in range(5)])
-        await until(lambda: leader_replica.high_watermark == batch * 5 + 4)  # one append each: segments roll
+        # One append each: segments roll.
+        await until(lambda batch=batch: leader_replica.high_watermark == batch * 5 + 4)
     leader_log.enforce_retention()
     assert leader_log.oldest_offset > 5
     follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
@@ -136,7 +137,8 @@ async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and
                 elif isinstance(action, Append):
                     follower_replica.append_replicated(data, walked)
         assert follower_replica.log.oldest_offset == leader_log.oldest_offset
-        assert follower_replica.log.read(leader_log.oldest_offset, 1000) == leader_log.read(leader_log.oldest_offset, 1000)
+        oldest = leader_log.oldest_offset
+        assert follower_replica.log.read(oldest, 1000) == leader_log.read(oldest, 1000)
     finally:
         leader_replica.close()
         follower_replica.close()
@@ -257,7 +259,7 @@ async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypa
     class LeaderNotAnswering:
         async def request(self, subject, payload, timeout):
             await asyncio.sleep(0.01)
-            raise asyncio.TimeoutError
+            raise TimeoutError
 
     async def report_leader(*_):
         pass
@@ -265,7 +267,8 @@ async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypa
     replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), SyncPolicy(interval=1.0), time.monotonic)
     replica.log.append([Record(b"a")], 0)
     replica.become_follower("L", 0)
-    loop = FollowerLoop(LeaderNotAnswering(), Subjects("t"), replica, "F", FollowerSettings(1.0, 3.0, 1.0), report_leader)
+    settings = FollowerSettings(1.0, 3.0, 1.0)
+    loop = FollowerLoop(LeaderNotAnswering(), Subjects("t"), replica, "F", settings, report_leader)
     loop.start()
     try:
         await asyncio.sleep(0.05)

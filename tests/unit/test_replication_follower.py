@@ -3,7 +3,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bascule.partition.log.epochs import EpochHistory
-from bascule.partition.replication.leader import start_leader_epoch
 from bascule.partition.replication.follower import (
     Append,
     Follower,
@@ -17,6 +16,7 @@ from bascule.partition.replication.follower import (
     Truncate,
     WaitForData,
 )
+from bascule.partition.replication.leader import start_leader_epoch
 
 CONFIG = FollowerConfig(leader_timeout=15.0, max_idle_wait=10.0, retry_backoff=0.5)
 

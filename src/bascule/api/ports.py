@@ -56,12 +56,12 @@ class Publishing(Protocol):
     def max_message_bytes(self) -> int: ...
 
     def submit(
-        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
         on_ack: AckOutcome,
     ) -> None: ...
 
     async def publish(
-        self, replica: PartitionReplica, subject: str, record: Record, policy: int, correlation_id: str,
+        self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
     ) -> api_pb2.Ack: ...
 
     async def publish_to_subject(

@@ -37,7 +37,9 @@ class PublishRPCs:
         except Exception as exc:
             failure = publish_failure(exc)
             await context.abort(failure.status, failure.message)
-        return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if ack else api_pb2.PublishResponse()
+        if not ack:
+            return api_pb2.PublishResponse()
+        return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
     async def publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
         local = self._writable_leader(request) or await self._resume_here(request)

@@ -3,13 +3,22 @@ client allows it, be in its ISR)."""
 
 from __future__ import annotations
 
+from typing import NoReturn, Protocol
+
 import grpc
 
 from bascule.api.ports import Cluster, LedPartition, Replicas
 
 
+class AbortingContext(Protocol):
+    """The part of a grpc.aio.ServicerContext used here: grpc has no py.typed marker, so type
+    checkers do not read its annotations, and would not know that abort always raises."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
+
+
 async def readable_partition(
-    cluster: Cluster, replicas: Replicas, stream: str, partition: int, context: grpc.aio.ServicerContext,
+    cluster: Cluster, replicas: Replicas, stream: str, partition: int, context: AbortingContext,
     allow_isr: bool = False,
 ) -> LedPartition:
     """The local replica to read ``stream``/``partition`` from, or the call aborted."""

@@ -3,6 +3,9 @@ server. Each service is assembled from the RPC groups that implement it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 
 from bascule.api.admin import Admin
@@ -14,10 +17,26 @@ from bascule.api.subscribe import SubscribeRPCs
 from bascule.wire.pb import admin_pb2_grpc, api_pb2_grpc, data_pb2_grpc
 
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# An RPC handler as gRPC calls it: (request or request iterator, context).
+Handler = Callable[..., Any]
 
 
 class API(api_pb2_grpc.APIServicer):
     """Every RPC of ``proto.API``, each taken from the group that implements it."""
+
+    # Declared as attributes, the groups' handlers may replace the servicer's methods.
+    CreateStream: Handler
+    DeleteStream: Handler
+    PauseStream: Handler
+    SetStreamReadonly: Handler
+    FetchMetadata: Handler
+    FetchPartitionMetadata: Handler
+    Publish: Handler
+    PublishAsync: Handler
+    PublishToSubject: Handler
+    Subscribe: Handler
+    SetCursor: Handler
+    FetchCursor: Handler
 
     def __init__(self, streams: StreamRPCs, publish: PublishRPCs, subscribe: SubscribeRPCs, cursors: Cursors) -> None:
         self.CreateStream = streams.CreateStream
@@ -36,6 +55,8 @@ class API(api_pb2_grpc.APIServicer):
 
 class Data(data_pb2_grpc.DataServicer):
     """bascule's batch data path: committed entries as stored, many per gRPC message."""
+
+    SubscribeBatches: Handler
 
     def __init__(self, subscribe: SubscribeRPCs) -> None:
         self.SubscribeBatches = subscribe.SubscribeBatches

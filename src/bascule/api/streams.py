@@ -70,7 +70,9 @@ class StreamRPCs:
             if stream is None:
                 response.streamMetadata.add(name=name, error=api_pb2.StreamMetadata.Error.UNKNOWN_STREAM)
                 continue
-            entry = response.streamMetadata.add(name=stream.name, subject=stream.subject, creationTimestamp=stream.created)
+            entry = response.streamMetadata.add(
+                name=stream.name, subject=stream.subject, creationTimestamp=stream.created
+            )
             for partition in stream.partitions.values():
                 entry.partitions[partition.id].CopyFrom(self._partition_metadata(partition))
         return response

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -152,7 +153,7 @@ class MetadataRaft:
         self._store.apply(command, callback=finished)
         try:
             result, reason = await asyncio.wait_for(done, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NoMetadataLeader(f"metadata command not committed within {timeout:g} s") from None
         if reason != FAIL_REASON.SUCCESS:
             raise NoMetadataLeader(f"metadata command not committed (reason {reason})")
@@ -213,7 +214,7 @@ class MetadataRaft:
         self._sync.addNodeToCluster(address, callback=finished)
         try:
             return await asyncio.wait_for(asyncio.shield(done), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def close(self) -> None:

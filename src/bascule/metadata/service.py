@@ -22,9 +22,9 @@ from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, Partition
-from bascule.wire.subjects import Subjects
 from bascule.wire import envelope
 from bascule.wire.commands import CommandError, validate_request
+from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class MetadataService:
             if kind != envelope.MsgType.PROPAGATED_RESPONSE:
                 raise envelope.EnvelopeError(f"unexpected {kind.name}")
             error = _unpack(payload).get("error")
-        except (asyncio.TimeoutError, NatsError) as exc:
+        except (TimeoutError, NatsError) as exc:
             raise NoMetadataLeader(f"no metadata leader answered: {exc!r}") from exc
         except (envelope.EnvelopeError, ValueError, AttributeError) as exc:
             raise NoMetadataLeader(f"malformed reply from the metadata leader: {exc}") from exc
@@ -87,7 +87,8 @@ class MetadataService:
     async def _wait_for_leader(self) -> None:
         """Wait (briefly) until Raft knows a leader: a request forwarded to nobody only times out."""
         deadline = self.clock() + FORWARD_TIMEOUT
-        while self.raft.leader is None and self.clock() < deadline:
+        # pysyncobj learns the leader on its tick thread and tells nobody: there is no event to await.
+        while self.raft.leader is None and self.clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(LEADER_POLL)
 
     async def _on_propagated(self, msg: Msg) -> None:
@@ -240,6 +241,6 @@ async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str) -> list[
             if kind == envelope.MsgType.RAFT_JOIN_RESPONSE and isinstance(members, list):
                 return [str(m) for m in members]
             log.info("not joined the metadata Raft group yet: %s", answer.get("error", "malformed answer"))
-        except (asyncio.TimeoutError, NatsError, envelope.EnvelopeError, ValueError, KeyError, TypeError) as exc:
+        except (TimeoutError, NatsError, envelope.EnvelopeError, ValueError, KeyError, TypeError) as exc:
             log.info("waiting to join the metadata Raft group: %r", exc)
         await asyncio.sleep(JOIN_RETRY)

@@ -21,7 +21,7 @@ import json
 import logging
 import random
 import re
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import SplitResult, urlsplit
 
 from bascule.wire.names import is_protocol_token
@@ -306,7 +306,8 @@ class CaptureConnection:
         link = self._link = _Link(self, url, loop)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                await loop.create_connection(lambda: link, url.hostname, url.port or 4222)
+                # No host in the URL dials the loopback (getaddrinfo takes None); typeshed wants a str.
+                await loop.create_connection(lambda: link, url.hostname, url.port or 4222)  # type: ignore[arg-type]
                 await link.ready
         except BaseException:
             self._link = None
@@ -410,7 +411,7 @@ class CaptureConnection:
         """Publish each (subject, payload) in one write. While the connection is down they are
         dropped: this carries acks, whose publishers time out and retry. So is, with a warning, a
         message whose subject cannot go on a PUB line, rather than failing the others' acks."""
-        parts = []
+        parts: list[bytes] = []
         for subject, payload in messages:
             try:
                 parts += (_pub_line(subject, len(payload)), payload, _CRLF)

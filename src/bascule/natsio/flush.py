@@ -22,6 +22,7 @@ async def flush(nc: NATS, timeout: float = 10.0) -> None:
     # The flusher task hands the whole buffer to the socket at once: after that, a PING follows it.
     while nc.pending_data_size and nc.is_connected:
         if loop.time() > deadline:
-            raise asyncio.TimeoutError("nats-py's pending buffer did not empty")
+            raise TimeoutError("nats-py's pending buffer did not empty")
         await asyncio.sleep(BUFFER_POLL)
-    await nc.flush(timeout=max(deadline - loop.time(), 0.001))
+    # nats-py annotates the timeout int, but hands it to asyncio.wait_for: a float works as one.
+    await nc.flush(timeout=max(deadline - loop.time(), 0.001))  # type: ignore[arg-type]

@@ -312,7 +312,8 @@ class EmbeddedNats:
         if process is None:
             return
         self._signal(signal.SIGSTOP)
-        while process.returncode is None and not _all_threads_stopped(process.pid):
+        # Only /proc knows when the threads have stopped, and it has nothing to wait on.
+        while process.returncode is None and not _all_threads_stopped(process.pid):  # noqa: ASYNC110
             await asyncio.sleep(POLL_INTERVAL / 10)
 
     def resume(self) -> None:
@@ -332,7 +333,8 @@ class EmbeddedNats:
             assert process.stdout is not None
             self._drain_task = asyncio.create_task(self._drain(process.stdout))
             return process
-        with open(self._log_path, "ab") as log_file:
+        log_file = await asyncio.to_thread(open, self._log_path, "ab")
+        with log_file:
             self._log_start = log_file.tell()
             return await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file

@@ -67,7 +67,9 @@ class AdminQueries:
             report = {"id": self.server_id, "replicas": self.replica_report()}
             await self.nc.publish(msg.reply, msgpack.packb(report, use_bin_type=True))
 
-    async def gather_replica_reports(self, timeout: float, expected: set[str] | None = None) -> dict[str, ReplicaReport]:
+    async def gather_replica_reports(
+        self, timeout: float, expected: set[str] | None = None
+    ) -> dict[str, ReplicaReport]:
         """Every reachable broker's replica report, by broker id; answers are awaited from
         ``expected`` (default: every registered broker) at most."""
         if expected is None:
@@ -90,7 +92,7 @@ class AdminQueries:
             await self.nc.publish(self.subjects.admin_replicas, b"", reply=inbox)
             try:
                 await asyncio.wait_for(everyone_answered.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         finally:
             await subscription.unsubscribe()

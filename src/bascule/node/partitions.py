@@ -120,8 +120,9 @@ class Partitions:
 
     async def _reconcile(self) -> None:
         # A journal being replayed passes through old states (a stream not yet created, a
-        # leader epoch long gone): act only on a state that has caught up with the group.
-        while not self.raft.ready:
+        # leader epoch long gone): act only on a state that has caught up with the group. pysyncobj
+        # catches up on its tick thread and signals nothing when it has, hence the polling.
+        while not self.raft.ready:  # noqa: ASYNC110
             await asyncio.sleep(RAFT_READY_POLL)
         async with self._reconcile_lock:
             self._reconcile_scheduled = False
@@ -192,7 +193,8 @@ class Partitions:
             await local.endpoint.stop()
             local.endpoint = None
         follower = local.follower
-        if follower is not None and (follower.leader, follower.leader_epoch) == (partition.leader, partition.leader_epoch):
+        following = None if follower is None else (follower.leader, follower.leader_epoch)
+        if following == (partition.leader, partition.leader_epoch):
             return
         if follower is not None:
             await follower.stop()

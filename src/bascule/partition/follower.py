@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -17,10 +17,10 @@ from nats.errors import Error as NatsError
 
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
-from bascule.wire.subjects import Subjects
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry, WalkedEntry, scan
 from bascule.wire.pb import internal_pb2
+from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class FollowerSettings:
         return machine.FollowerConfig(leader_timeout=self.leader_timeout, max_idle_wait=idle)
 
 
-ReportLeader = Callable[[PartitionReplica, str, int], Awaitable[None]]
+ReportLeader = Callable[[PartitionReplica, str, int], Coroutine[Any, Any, None]]
 # Starts the loop's task under its owner (the server's task group); None when the owner is closing.
 StartTask = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any] | None"]
 
@@ -191,7 +191,7 @@ class FollowerLoop:
     async def _request(self, subject: str, payload: bytes) -> bytes | None:
         try:
             reply = await self.nc.request(subject, payload, timeout=self.settings.request_timeout)
-        except (asyncio.TimeoutError, NatsError) as exc:
+        except (TimeoutError, NatsError) as exc:
             log.debug("request to %s failed: %r", subject, exc)
             await asyncio.sleep(RETRY_PAUSE)
             return None
@@ -236,12 +236,12 @@ class FollowerLoop:
                 return follower.on_fetch_failed(replica.clock())
         positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
         actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
-        for action in actions:
-            if isinstance(action, machine.RestartLog):
+        for step in actions:
+            if isinstance(step, machine.RestartLog):
                 log.warning("%s/%s: the leader's log starts at %d, past this replica's end: restarting the log there",
-                            replica.stream, replica.partition, action.start_offset)
-                replica.restart_log(action.start_offset)
-            elif isinstance(action, machine.Append):
+                            replica.stream, replica.partition, step.start_offset)
+                replica.restart_log(step.start_offset)
+            elif isinstance(step, machine.Append):
                 replica.append_replicated(bytes(response.entries[:length]), walked)
                 if replica.sync_policy.always:
                     # The next fetch names this log end, and the leader counts it towards the HW:

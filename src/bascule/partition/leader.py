@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
+from google.protobuf.message import Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -16,13 +17,13 @@ from nats.aio.subscription import Subscription
 from bascule.natsio.flush import flush
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
-from bascule.wire.subjects import Subjects
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2
+from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+T = TypeVar("T", bound=Message)
 
 RESPONSE_OVERHEAD = 64  # envelope, epoch and HW (and a fragment's sizes), with room to spare
 

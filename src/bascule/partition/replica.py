@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterable
 
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.isr import IsrTracker
@@ -45,7 +45,7 @@ class SyncPolicy:
     interval: float = 0.0  # seconds, 0 = no periodic sync
 
     @classmethod
-    def parse(cls, value: str | float) -> "SyncPolicy":
+    def parse(cls, value: str | float) -> SyncPolicy:
         if value == "always":
             return cls(always=True)
         if value in ("never", "", 0, None):
@@ -66,7 +66,7 @@ class PartitionReplica:
         commit_log: CommitLog,
         sync_policy: SyncPolicy,
         clock: Callable[[], float],
-        notify_followers: Callable[["PartitionReplica", list[str]], None] = lambda *_: None,
+        notify_followers: Callable[[PartitionReplica, list[str]], None] = lambda *_: None,
     ) -> None:
         self.stream = stream
         self.partition = partition
@@ -155,7 +155,7 @@ class PartitionReplica:
         now = self.clock()
         if self.leadership is not None and self.leader_epoch == leader_epoch:
             self.leadership.metadata_changed(isr, partition_epoch, min_isr, now)
-            self._publish_high_watermark()
+            self._publish_high_watermark(self.leadership)
             return
         if self.leadership is not None:
             self.become_follower("", self.leader_epoch)
@@ -166,7 +166,7 @@ class PartitionReplica:
             log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
             min_isr=min_isr, max_lag_time=max_lag_time, now=now,
         )
-        self._publish_high_watermark()
+        self._publish_high_watermark(self.leadership)
         self._wake_readers()
 
     def fence(self, requested_epoch: int) -> None:
@@ -265,7 +265,7 @@ class PartitionReplica:
         waiting = leadership.tracker.leader_appended(durable_end)
         if waiting:
             self._notify_followers(self, waiting)
-        self._publish_high_watermark()
+        self._publish_high_watermark(leadership)
 
     def _start_sync(self) -> None:
         """Group commit: one fsync, in a thread, covers everything written before it started;
@@ -307,13 +307,14 @@ class PartitionReplica:
     def serve_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int) -> bytes:
         """Entries for a follower that has everything below ``log_end_offset``; b"" when caught up
         or when the request is not one this leadership serves (wrong epoch, unknown replica)."""
-        tracker = self.tracker
-        if tracker is None:
+        leadership = self.leadership
+        if leadership is None:
             return b""
+        tracker = leadership.tracker
         asked_again = tracker.asks_again(replica_id, log_end_offset)
         if not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
             return b""
-        self._publish_high_watermark()
+        self._publish_high_watermark(leadership)
         # Only what is durable here (under ``always``) goes to followers: a follower never gets
         # ahead of what this leader counts as its own log end.
         # A follower below this log's start (retention, or its disk was wiped) gets the entries
@@ -343,7 +344,7 @@ class PartitionReplica:
         leadership = self.leadership
         if leadership is not None and leadership.leader_epoch == request.leader_epoch:
             leadership.isr_request_done(request, outcome)
-            self._publish_high_watermark()
+            self._publish_high_watermark(leadership)
 
     def position(self) -> tuple[int, int]:
         """(epoch of the last entry or -1, log end offset): what elections compare. A log with
@@ -353,14 +354,14 @@ class PartitionReplica:
             end = min(end, self.log.damaged_from)
         return (self.log.epochs.epoch_at(end - 1) if end else -1), end
 
-    def _publish_high_watermark(self) -> None:
-        hw = self.tracker.hw
+    def _publish_high_watermark(self, leadership: Leadership) -> None:
+        hw = leadership.tracker.hw
         if hw > self.log.high_watermark:
             self.log.high_watermark = hw
-            self._committed(hw)
+            self._committed(leadership, hw)
             # Idle followers learn a new HW only by fetching: wake them, so readers of ISR
             # replicas see what is committed without waiting for an idle timeout.
-            waiting = self.tracker.take_waiting()
+            waiting = leadership.tracker.take_waiting()
             if waiting:
                 self._notify_followers(self, waiting)
 
@@ -376,8 +377,8 @@ class PartitionReplica:
         else:
             self.leadership.acks.add(offset, on_committed)
 
-    def _committed(self, hw: int) -> None:
-        for offset, on_committed in self.leadership.acks.release(hw):
+    def _committed(self, leadership: Leadership, hw: int) -> None:
+        for offset, on_committed in leadership.acks.release(hw):
             on_committed(offset, None)
         self._wake_readers()
 
@@ -424,7 +425,7 @@ class PartitionReplica:
         event = self._data_changed
         try:
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def read_committed(self, offset: int, max_entries: int) -> list[Entry]:

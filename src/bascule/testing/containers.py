@@ -300,7 +300,7 @@ class BasculeContainer(_Node):
             **_flat_config(config),
         }
         command = ["server", "--config", CONFIG_PATH, "--id", server_id, "--level", level]
-        if self.embedded_nats:
+        if not nats_servers:
             command += ["--embedded-nats-config", NATS_CONFIG_PATH]
             self.with_copy_into_container(f"listen: 0.0.0.0:{NATS_PORT}\n".encode(), NATS_CONFIG_PATH)
             _publish_on_loopback(self, NATS_PORT, None)
@@ -453,7 +453,7 @@ class BasculeCluster:
         self.network.create()
         self.nats = NatsContainer(self.nats_image, network=self.network).start()
         peers = [f"{server_id}:{RAFT_PORT}" for server_id in self.server_ids] if self.size > 1 else []
-        addresses = self._node_addresses() if self.stable_addresses else [None] * self.size
+        addresses = self._node_addresses(self.network) if self.stable_addresses else [None] * self.size
         for server_id, address in zip(self.server_ids, addresses):
             node = BasculeContainer(
                 self.image,
@@ -475,11 +475,13 @@ class BasculeCluster:
             self.wait_ready()
         return self
 
-    def _node_addresses(self) -> list[str]:
+    def _node_addresses(self, network: Network) -> list[str]:
         """Fixed addresses for the nodes, high in the subnet the engine gave the network (its own
         allocations, for NATS, start at the bottom)."""
-        self.network._network.reload()
-        subnets = [ipaddress.ip_network(pool["Subnet"]) for pool in self.network._network.attrs["IPAM"]["Config"]]
+        docker_network = network._network
+        assert docker_network is not None, "the network is created first"
+        docker_network.reload()
+        subnets = [ipaddress.ip_network(pool["Subnet"]) for pool in docker_network.attrs["IPAM"]["Config"]]
         subnet = next(net for net in subnets if net.version == 4)
         top = int(subnet.broadcast_address) - 1
         return [str(ipaddress.ip_address(top - self.size + 1 + index)) for index in range(self.size)]

@@ -233,7 +233,10 @@ class PowerCutFilesystem:
 
     # -- files --
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
-        return _stat_dict(os.fstat(fh) if fh is not None else os.lstat(self._full(path)))
+        if fh is not None:
+            return _stat_dict(os.fstat(fh))
+        assert path is not None  # FUSE leaves the path out only when it gives a handle
+        return _stat_dict(os.lstat(self._full(path)))
 
     def open(self, path: str, flags: int) -> int:
         fd = os.open(self._full(path), _backing_flags(flags))
@@ -267,6 +270,7 @@ class PowerCutFilesystem:
         if fh is not None:
             self._truncate_fd(fh, length)
             return
+        assert path is not None  # FUSE leaves the path out only when it gives a handle
         fd = os.open(self._full(path), os.O_RDWR)
         try:
             self._truncate_fd(fd, length)

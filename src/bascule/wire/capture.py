@@ -24,7 +24,7 @@ LEADER, ALL, NONE = api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.Ack
 class AckRequest:
     inbox: str
     correlation_id: str
-    policy: int
+    policy: api_pb2.AckPolicy
     msg_subject: str
 
 

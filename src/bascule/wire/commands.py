@@ -8,7 +8,8 @@ refused the same way on every node instead of raising inside the state machine.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
@@ -42,7 +43,7 @@ def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"expected bool, got {value!r}"
 
 
-def _string(rule: Callable[[str], "str | None"]) -> Check:
+def _string(rule: Callable[[str], str | None]) -> Check:
     def check(value: Any) -> str | None:
         return rule(value) if isinstance(value, str) else f"expected str, got {value!r}"
 
@@ -171,8 +172,7 @@ def validate(command: Any) -> None:
     if not isinstance(command, dict):
         raise CommandError(f"command must be a map, got {type(command).__name__}")
     op = command.get("op")
-    schema = SCHEMAS.get(op) if isinstance(op, str) else None
-    if schema is None:
+    if not isinstance(op, str) or (schema := SCHEMAS.get(op)) is None:
         raise CommandError(f"unknown command op {op!r}")
     _check_fields(op, command, schema, OPTIONAL.get(op, {}))
 

@@ -130,7 +130,7 @@ def _encode_body(record: Record) -> bytes:
     if key:
         if len(key) > _MAX_INT32:
             raise ValueError(f"key of {len(key)} bytes is too large for an entry")
-        parts = (_INT32.pack(len(key)), key, _UINT32.pack(len(value)), value, headers)
+        parts: tuple[bytes, ...] = (_INT32.pack(len(key)), key, _UINT32.pack(len(value)), value, headers)
     else:
         key_length = _NO_KEY if key is None else 0
         parts = (_KEY_AND_VALUE_LENGTHS.pack(key_length, len(value)), value, headers)

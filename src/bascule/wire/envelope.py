@@ -135,7 +135,8 @@ def decode_message(
         if msg_type != expected_type:
             raise EnvelopeError(f"expected a {expected_type.name} envelope, got {msg_type.name}")
     try:
-        return pb_cls.FromString(payload)
+        # protobuf parses any buffer, whatever its stubs say: bytes(payload) would only add a copy.
+        return pb_cls.FromString(payload)  # type: ignore[arg-type]
     # protobuf's pure-Python implementation reports bad UTF-8 in a string
     # field as a UnicodeDecodeError rather than a DecodeError.
     except (DecodeError, UnicodeDecodeError) as error:

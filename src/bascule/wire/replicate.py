@@ -64,5 +64,7 @@ def _decode_fragment(data: bytes | memoryview, payload_start: int) -> ReplicateR
     leader_epoch, hw, entry_size, start = _FRAGMENT.unpack_from(data, payload_start)
     piece = memoryview(data)[piece_start:]
     if not piece or start + len(piece) > entry_size:
-        raise EnvelopeError(f"replication fragment of {len(piece)} bytes at {start} does not fit an entry of {entry_size}")
+        raise EnvelopeError(
+            f"replication fragment of {len(piece)} bytes at {start} does not fit an entry of {entry_size}"
+        )
     return ReplicateResponse(leader_epoch, hw, piece, entry_size, start)

@@ -92,6 +92,6 @@ def _value_error(
 ) -> str | None:
     if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
         return f"setting {key}: expected {' or '.join(t.__name__ for t in types)}, got {value!r}"
-    if lowest is not None and highest is not None and not lowest <= value <= highest:
+    if lowest is not None and highest is not None and isinstance(value, _NUMBER) and not lowest <= value <= highest:
         return f"setting {key}: {value!r} is out of range [{lowest:g}, {highest:g}]"
     return None

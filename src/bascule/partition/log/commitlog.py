@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from bascule import durable
 from bascule.partition.log import checkpoint
@@ -380,7 +381,7 @@ class CommitLog:
                 self._epochs.assign(epoch, start_offset)  # checkpointed before the data it describes
             self._active.append(data, entries)
         except PartialWriteLeft as error:
-            raise self._fail("cutting off a failed append", error)
+            self._raise_failure("cutting off a failed append", error)
         except OSError:
             self._epochs.restore(epochs_before)
             raise
@@ -397,7 +398,8 @@ class CommitLog:
         too_big = active.size + incoming_bytes > self.config.segment_max_bytes
         too_many = active.next_offset - active.base_offset + incoming_entries > _MAX_SEGMENT_ENTRIES
         max_age_ns = int(self.config.segment_max_age * _NS_PER_SECOND)
-        too_old = max_age_ns > 0 and self._clock() - active.first_timestamp >= max_age_ns
+        first_timestamp = active.first_timestamp
+        too_old = max_age_ns > 0 and first_timestamp is not None and self._clock() - first_timestamp >= max_age_ns
         if too_big or too_many or too_old:
             self._segments.append(
                 Segment.create(self.directory, self.next_offset, self.config.index_interval_bytes)
@@ -511,7 +513,7 @@ class CommitLog:
             try:
                 self._truncate_segments(offset)
             except OSError as error:
-                raise self._fail("truncating", error)
+                self._raise_failure("truncating", error)
             self._last_timestamp = self._timestamp_of_last_entry()
             if self._damaged_from is not None and offset <= self._damaged_from:
                 self._damage_cut_off = True
@@ -546,7 +548,7 @@ class CommitLog:
             ]
             durable.sync_directory(self.directory)
         except OSError as error:
-            raise self._fail("restarting the log", error)
+            self._raise_failure("restarting the log", error)
         if self._damaged_from is not None:
             self._damage_cut_off = True
             if offset > self._damaged_from:
@@ -616,7 +618,7 @@ class CommitLog:
                 durable.sync_directory(self.directory)
                 self._directory_unsynced = False
         except OSError as error:
-            raise self._fail("fsync", error)
+            self._raise_failure("fsync", error)
 
     def begin_sync(self) -> Callable[[], None]:
         """What sync() would do now, as a blocking call to run in another thread. Appends may go
@@ -635,7 +637,7 @@ class CommitLog:
                 if directory is not None:
                     durable.sync_directory(directory)
             except OSError as error:
-                raise self._fail("fsync", error)
+                self._raise_failure("fsync", error)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -647,13 +649,13 @@ class CommitLog:
         if self._failure is not None:
             raise self._failure
 
-    def _fail(self, what: str, error: OSError) -> LogFailed:
-        """Fail the log for good (the first failure is the one kept) and return its LogFailed."""
+    def _raise_failure(self, what: str, error: OSError) -> NoReturn:
+        """Fail the log for good (the first failure is the one kept) and raise its LogFailed."""
         if self._failure is None:
             self._failure = LogFailed(self.directory, what, error)
             self._failure.__cause__ = error  # kept however often the failure is raised again
             logger.error("%s", self._failure)
-        return self._failure
+        raise self._failure
 
     def close(self) -> None:
         """Sync, checkpoint the high watermark and close every file. A failed log only closes its
@@ -721,10 +723,10 @@ def _discover_segments(directory: Path) -> list[int]:
         stem, _, suffix = entry.name.partition(".")
         if entry.name.endswith(durable.TEMPORARY_SUFFIX):
             os.unlink(entry.path)  # a checkpoint (or quarantine) write that never got renamed
-        elif parse_segment_name(stem) is None:
+        elif (base_offset := parse_segment_name(stem)) is None:
             continue
         elif "." + suffix == LOG_SUFFIX:
-            base_offsets.append(parse_segment_name(stem))
+            base_offsets.append(base_offset)
         elif "." + suffix == INDEX_SUFFIX:
             index_stems.add(stem)
     for stem in index_stems - {segment_name(base) for base in base_offsets}:

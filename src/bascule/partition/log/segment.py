@@ -228,6 +228,7 @@ class Segment:
                     tail.valid_end,
                     tail.next_offset - 1,
                 )
+        assert self._index is not None  # _load_index_and_walk_tail sets it
         return self._index
 
     def _load_index_and_walk_tail(self, check_crc: bool) -> WalkedTail:

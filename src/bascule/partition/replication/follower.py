@@ -258,7 +258,7 @@ class Follower:
             # stale (a reply to an earlier request) or a gap; the leader did answer, though
             self._last_contact = now
             return [self._fetch()] if fetching else []
-        actions: list[Action] = [self._restart_log(first_offset)] if restart else []
+        actions = [self._restart_log(first_offset)] if restart else []
         epoch_starts = self._epoch_starts(entries)
         if epoch_starts is None:
             return actions + (self._back_off(now) if fetching else [])

@@ -24,9 +24,10 @@ def leader_high_watermark(current_hw: int, isr_log_ends: Collection[int | None],
     """
     if not isr_log_ends or len(isr_log_ends) < min_isr:
         return current_hw
-    if any(log_end is None for log_end in isr_log_ends):
+    known = [log_end for log_end in isr_log_ends if log_end is not None]
+    if len(known) < len(isr_log_ends):
         return current_hw
-    return max(current_hw, min(isr_log_ends) - 1)  # type: ignore[type-var]
+    return max(current_hw, min(known) - 1)
 
 
 def follower_high_watermark(current_hw: int, leader_hw: int, log_end_offset: int) -> int:
