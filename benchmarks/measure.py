@@ -99,7 +99,7 @@ async def grpc_floor_server(ctx: Context, count: int, name: str) -> AsyncIterato
     """A gRPC server that does nothing but answer (a prebuilt message for Subscribe, an ack per
     PublishAsync request): what grpc.aio costs per message, whatever the server does. Yields its
     address and pid."""
-    from bascule.testing.local import free_port
+    from bascule.testing import free_port
 
     port = free_port()
     spec = {"port": port, "count": count, "size": ctx.payload_size}

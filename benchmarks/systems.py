@@ -236,7 +236,7 @@ class JetStreamSystem:
 
     def __init__(self, ctx: Context, name: str, size: int, sync_always: bool = False) -> None:
         from bascule.natsio.server import EmbeddedNats
-        from bascule.testing.local import free_port
+        from bascule.testing import free_port
 
         self.ctx = ctx
         self.base = ctx.dir / name

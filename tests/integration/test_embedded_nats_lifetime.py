@@ -20,7 +20,8 @@ import nats
 import pytest
 
 from bascule.natsio.server import PID_FILE_NAME, EmbeddedNats, EmbeddedNatsError
-from bascule.testing.local import free_port, wait_for_brokers
+from bascule.testing import free_port
+from bascule.testing.readiness import wait_for_brokers
 
 BASCULE = Path(sys.executable).with_name("bascule")
 SERVER_ID = "lifetime"

@@ -13,7 +13,7 @@ from gufo.liftbridge.error import ErrorNotFound
 from gufo.liftbridge.types import StartPosition
 
 from bascule.client import Client
-from bascule.testing.local import free_port
+from bascule.testing import free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -43,7 +43,10 @@ from docker.types import EndpointConfig
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from bascule.testing.local import LocalProcessError, _flat_config, free_port, wait_for_brokers
+from bascule.testing.ports import LOOPBACK, free_port
+from bascule.testing.processes import LocalProcessError
+from bascule.testing.readiness import wait_for_brokers
+from bascule.testing.settings import flat_config
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -64,7 +67,6 @@ DEFAULT_NATS_IMAGE = "localhost/bascule-nats:latest"
 PODMAN_SOCKET = "/run/podman/podman.sock"
 LABEL = "io.github.bascule.testing"
 OWNER_LABEL = "io.github.bascule.testing.owner"  # host:pid of the process that made the container
-LOOPBACK = "127.0.0.1"
 NATS_PORT = 4222
 RAFT_PORT = 9393
 CONFIG_PATH = "/etc/bascule/testing.yaml"
@@ -297,7 +299,7 @@ class BasculeContainer(_Node):
             "listen": f"0.0.0.0:{self.port}",
             "host": LOOPBACK,  # advertised: clients on the host connect to 127.0.0.1:<port>
             "data.dir": DATA_DIR,
-            **_flat_config(config),
+            **flat_config(config),
         }
         command = ["server", "--config", CONFIG_PATH, "--id", server_id, "--level", level]
         if not nats_servers:

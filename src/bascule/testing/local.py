@@ -4,9 +4,8 @@ Everything here is synchronous (``subprocess.Popen``), so it serves sync pytest 
 alike. Calls that wait (``wait_ready``, ``start``, ``restart``) block; from an async test that must keep its
 event loop turning meanwhile, pass ``wait=False`` and ``await asyncio.to_thread(node.wait_ready)``.
 
-Each process runs in its own process group, so a node's own children (the nats-server of
-``--embedded-nats``) are signalled with it and never outlive it. Output goes to a log file, never to a
-pipe that could fill up and stall the process; every timeout error quotes the end of that log.
+Each process runs in its own process group, its output in a log file (`bascule.testing.processes`), so a
+node's own children (the nats-server of ``--embedded-nats``) are signalled with it and never outlive it.
 
     with LocalCluster(3) as cluster:
         client = LiftbridgeClient(cluster.brokers)
@@ -28,19 +27,13 @@ directory) happens however the test ends:
 
 from __future__ import annotations
 
-import atexit
 import os
-import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +43,14 @@ from bascule.natsio.server import (
     empty_ports_dir,
     read_ports_file,
 )
+from bascule.testing.ports import LOOPBACK, free_port, join_host_port
 from bascule.testing.powercut import PowerCutDisk
+from bascule.testing.processes import LocalProcess, LocalProcessError
+from bascule.testing.readiness import wait_for_brokers
+from bascule.testing.settings import flat_config
 
-__all__ = [
-    "LocalCluster",
-    "LocalNatsServer",
-    "LocalNode",
-    "LocalProcessError",
-    "free_port",
-]
+__all__ = ["LocalCluster", "LocalNatsServer", "LocalNode"]
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_READY_TIMEOUT = 30.0
 DEFAULT_STOP_GRACE = 10.0
 LOG_NAME = "bascule.log"
@@ -68,321 +58,10 @@ CONFIG_NAME = "bascule.yaml"
 EMBEDDED_NATS_CONFIG_NAME = "embedded-nats.conf"
 
 
-class LocalProcessError(RuntimeError):
-    """A local process did not start, exited early, or did not get ready in time."""
-
-
-# ---- ports ---------------------------------------------------------------------------------------
-
-_ports_lock = threading.Lock()
-_ports_handed_out: set[int] = set()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _can_bind(host: str, port: int) -> bool:
-    # No SO_REUSEADDR: a port with connections still in TIME_WAIT counts as taken, since the
-    # process that gets it may bind without that option too.
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nothing on `host` listens on, never the same one twice in this process.
-
-    Ports come from below the kernel's ephemeral range when there is room there: an ephemeral
-    port can be taken as the source port of some outgoing connection while a node is down, and
-    a restarted node must be able to listen at the same port again.
-    """
-    low, _ = _ephemeral_range()
-    with _ports_lock:
-        if low > 11000:
-            for _ in range(200):
-                port = random.randint(10000, low - 1)
-                if port not in _ports_handed_out and _can_bind(host, port):
-                    _ports_handed_out.add(port)
-                    return port
-        for _ in range(200):
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-                probe.bind((host, 0))
-                port = probe.getsockname()[1]
-            if port not in _ports_handed_out:
-                _ports_handed_out.add(port)
-                return port
-    raise LocalProcessError(f"no free port found on {host}")
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-# ---- processes -----------------------------------------------------------------------------------
-
-# Every process started here and not yet reaped (strong references: a LocalNode dropped without
-# stop must still be found), so that an interpreter exiting without cleanup leaves nothing behind.
-_live: set[_Process] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for process in list(_live):
-        try:
-            process.kill()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
-def _group_members(pgid: int, states: bool = False) -> list[Any]:
-    """Live (not zombie) processes in process group `pgid`, or (pid, state) pairs; Linux only, else []."""
-    members: list[Any] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path("/proc", entry, "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append((int(entry), fields[0]) if states else int(entry))
-    return members
-
-
-class _Process:
-    """One subprocess in its own process group, its output appended to a log file."""
-
-    name = "process"
-
-    def __init__(self, log_path: Path, stop_grace: float) -> None:
-        self.log_path = Path(log_path)
-        self.stop_grace = stop_grace
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._starts = 0
-
-    # -- subclasses --
-    def command(self) -> list[str]:
-        raise NotImplementedError
-
-    def _cwd(self) -> str | None:
-        return None
-
-    def _env(self) -> dict[str, str] | None:
-        return None
-
-    # -- state --
-    @property
-    def pid(self) -> int | None:
-        """The pid of the current (or last) process; None before the first start."""
-        return self._popen.pid if self._popen is not None else None
-
-    @property
-    def running(self) -> bool:
-        """Started and not exited (a paused process is running)."""
-        return self._popen is not None and self._popen.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.poll() if self._popen is not None else None
-
-    def pids(self) -> list[int]:
-        """Every live process of this one's group: the process itself and any children it started."""
-        if self._popen is None:
-            return []
-        members = _group_members(self._popen.pid)
-        if self.running and self._popen.pid not in members:
-            members.append(self._popen.pid)
-        return sorted(members)
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last `lines` lines of the log (all starts of the process, separated by marker lines)."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                size = log.tell()
-                log.seek(max(0, size - 256 * 1024))
-                data = log.read()
-        except OSError as exc:
-            return f"(no log at {self.log_path}: {exc.strerror})"
-        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-
-    def _describe(self) -> str:
-        return f"{self.name} (pid {self.pid})"
-
-    def _error(self, message: str, lines: int = 40) -> LocalProcessError:
-        return LocalProcessError(
-            f"{message}\n--- last {lines} lines of {self.log_path} ---\n{self.log_tail(lines)}"
-        )
-
-    # -- lifecycle --
-    def _spawn(self) -> None:
-        if self.running:
-            raise LocalProcessError(f"{self._describe()} is already running")
-        self._reap_group()
-        command = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._starts += 1
-        with open(self.log_path, "ab") as log:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"==== start {self._starts} at {stamp}: {' '.join(command)}\n".encode())
-            log.flush()
-            try:
-                self._popen = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self._cwd(),
-                    env=self._env(),
-                    start_new_session=True,  # own process group: signals reach its children too
-                )
-            except OSError as exc:
-                raise LocalProcessError(f"cannot start {self.name}: {command[0]}: {exc}") from exc
-        _live.add(self)
-
-    def _signal_group(self, signum: int) -> None:
-        if self._popen is None:
-            return
-        try:
-            os.killpg(self._popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            # The group is gone; the leader may still be an unreaped zombie.
-            if self._popen.poll() is None:
-                self._popen.send_signal(signum)
-
-    def _reap_group(self, timeout: float = 2.0) -> None:
-        """After the leader exited: kill anything left in its group and wait (briefly) until it is gone."""
-        if self._popen is None:
-            return
-        deadline = time.monotonic() + timeout
-        while True:
-            members = _group_members(self._popen.pid)
-            if not members:
-                break
-            for pid in members:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-        _live.discard(self)
-
-    def kill(self) -> None:
-        """SIGKILL the process and its group, and wait until they are gone. No-op when not running."""
-        if self._popen is None:
-            return
-        if self._popen.poll() is None:
-            self._signal_group(signal.SIGKILL)
-            self._popen.wait()
-        self._reap_group()
-
-    def stop(self, grace: float | None = None) -> None:
-        """SIGTERM, then SIGKILL (to the whole group) if it has not exited after `grace` seconds."""
-        self._terminate()
-        self._finish_stop(time.monotonic() + (self.stop_grace if grace is None else grace))
-
-    def _terminate(self) -> None:
-        if self._popen is not None and self._popen.poll() is None:
-            self._popen.send_signal(signal.SIGTERM)
-            # A paused process would only see SIGTERM once continued.
-            self._signal_group(signal.SIGCONT)
-
-    def _finish_stop(self, deadline: float) -> None:
-        if self._popen is None:
-            return
-        try:
-            self._popen.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self._signal_group(signal.SIGKILL)
-            self._popen.wait()
-        self._reap_group()
-
-    def pause(self) -> None:
-        """SIGSTOP the process group, and wait until it has stopped: it stays alive but answers
-        nothing until `resume`."""
-        if not self.running:
-            raise LocalProcessError(f"cannot pause {self._describe()}: not running")
-        self._signal_group(signal.SIGSTOP)
-        self._wait_stopped(True)
-
-    def resume(self) -> None:
-        """SIGCONT the process group, and wait until it runs again."""
-        if not self.running:
-            raise LocalProcessError(f"cannot resume {self._describe()}: not running")
-        self._signal_group(signal.SIGCONT)
-        self._wait_stopped(False)
-
-    def _wait_stopped(self, stopped: bool, timeout: float = 5.0) -> None:
-        # Signals are delivered asynchronously; without this a test could look at a process that
-        # was paused but has not stopped yet.
-        assert self._popen is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            states = [state for _, state in _group_members(self._popen.pid, states=True)]
-            if all((state in "Tt") == stopped for state in states):
-                return
-            if time.monotonic() > deadline:
-                word = "stop" if stopped else "continue"
-                raise self._error(f"{self._describe()} did not {word} within {timeout:.1f} s (states {states})")
-            time.sleep(0.005)
-
-    def _check_alive(self, doing: str) -> None:
-        if self._popen is not None and self._popen.poll() is not None:
-            raise self._error(f"{self._describe()} exited with status {self._popen.returncode} {doing}")
-
-
 # ---- nats-server ---------------------------------------------------------------------------------
 
 
-def wait_for_brokers(address: str, expected: set[str], timeout: float, check_alive: Callable[[], None]) -> str | None:
-    """Poll FetchMetadata at `address` until it lists every broker id in `expected`: None then, or what
-    was last seen when `timeout` ran out. `check_alive` raises when the server's process is gone."""
-    import grpc
-
-    from bascule.wire.pb import api_pb2, api_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    last = "no answer yet"
-    # Short reconnect backoff: grpc's default (1 s, growing) would notice a starting node late.
-    options = [
-        ("grpc.initial_reconnect_backoff_ms", 50),
-        ("grpc.min_reconnect_backoff_ms", 50),
-        ("grpc.max_reconnect_backoff_ms", 250),
-    ]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = api_pb2_grpc.APIStub(channel)
-        while True:
-            check_alive()
-            try:
-                response = stub.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=1.0)
-                listed = {broker.id for broker in response.brokers}
-                if expected <= listed:
-                    return None
-                last = f"FetchMetadata lists brokers {sorted(listed)}, waiting for {sorted(expected - listed)}"
-            except grpc.RpcError as exc:
-                last = f"FetchMetadata: {exc.code().name}: {exc.details()}"
-            if time.monotonic() > deadline:
-                return last
-            time.sleep(0.1)
-
-
-class LocalNatsServer(_Process):
+class LocalNatsServer(LocalProcess):
     """A nats-server subprocess listening on a fixed port, which it keeps across restarts; see
     `bascule.natsio.server` for how it is found, configured and judged ready."""
 
@@ -406,7 +85,7 @@ class LocalNatsServer(_Process):
 
     @property
     def url(self) -> str:
-        return f"nats://{_join(self.host, self.port)}"
+        return f"nats://{join_host_port(self.host, self.port)}"
 
     def command(self) -> list[str]:
         return [*ServerOptions(host=self.host, port=self.port).command(self.ports_dir), *self.extra_args]
@@ -439,7 +118,7 @@ class LocalNatsServer(_Process):
 # ---- bascule node --------------------------------------------------------------------------------
 
 
-class LocalNode(_Process):
+class LocalNode(LocalProcess):
     """One ``bascule server`` subprocess.
 
     Its data dir, gRPC port and Raft port are fixed at construction and kept across restarts.
@@ -516,27 +195,27 @@ class LocalNode(_Process):
 
             self.config_path = files_dir / CONFIG_NAME
             self.config_path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
-        if embedded_nats and "nats.embedded.config" not in _flat_config(config):
+        if embedded_nats and "nats.embedded.config" not in flat_config(config):
             self.embedded_nats_port = free_port(host)
             self.embedded_nats_config = files_dir / EMBEDDED_NATS_CONFIG_NAME
-            self.embedded_nats_config.write_text(f'listen: "{_join(host, self.embedded_nats_port)}"\n')
+            self.embedded_nats_config.write_text(f'listen: "{join_host_port(host, self.embedded_nats_port)}"\n')
 
     @property
     def nats_url(self) -> str | None:
         """Where this node's NATS is: its first ``nats_servers`` URL, or its embedded server's
         (None when that comes from the caller's own ``nats.embedded.config``)."""
         if self.embedded_nats_port is not None:
-            return f"nats://{_join(self.host, self.embedded_nats_port)}"
+            return f"nats://{join_host_port(self.host, self.embedded_nats_port)}"
         return self.nats_servers[0] if self.nats_servers and not self.embedded_nats else None
 
     @property
     def address(self) -> str:
         """The gRPC API's address, host:port."""
-        return _join(self.host, self.port)
+        return join_host_port(self.host, self.port)
 
     @property
     def raft_address(self) -> str:
-        return _join(self.host, self.raft_port)
+        return join_host_port(self.host, self.raft_port)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -724,10 +403,10 @@ class LocalCluster:
         if not embedded_nats:
             self.nats = LocalNatsServer(self.base_dir / LOG_FILE_NAME, host=host)
         raft_ports = [free_port(host) for _ in range(size)]
-        peers = [_join(host, port) for port in raft_ports] if size > 1 else []
+        peers = [join_host_port(host, port) for port in raft_ports] if size > 1 else []
         self.nodes: list[LocalNode] = []
         for index in range(size):
-            merged = {**_flat_config(config), **_flat_config(node_config[index] if node_config else None)}
+            merged = {**flat_config(config), **flat_config(node_config[index] if node_config else None)}
             self.nodes.append(
                 LocalNode(
                     self.base_dir / f"node-{index}",
@@ -886,15 +565,3 @@ class LocalCluster:
         for process in [*([self.nats] if self.nats else []), *self.nodes]:
             parts.append(f"--- {process._describe()}: {process.log_path} ---\n{process.log_tail(lines)}")
         return "\n".join(parts)
-
-
-def _flat_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Dotted keys, so that cluster-wide and per-node settings merge key by key."""
-    flat: dict[str, Any] = {}
-    for key, value in (config or {}).items():
-        if isinstance(value, Mapping):
-            for sub, leaf in _flat_config(value).items():
-                flat[f"{key}.{sub}"] = leaf
-        else:
-            flat[str(key)] = value
-    return flat
