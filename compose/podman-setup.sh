@@ -168,7 +168,14 @@ EOF
     fi
 }
 PIDFILE=$(dirname "$SOCKET")/bascule-podman-service.pid
-if $conf_changed && ping; then
+# A service started by an older version of this script may run in a directory since removed, where
+# conmon fails every container start: such a service is restarted like one with an old config.
+service_dir_gone() {
+    local pid
+    pid=$(cat "$PIDFILE" 2>/dev/null || true)
+    [ -n "$pid" ] && readlink "/proc/$pid/cwd" 2>/dev/null | grep -q ' (deleted)$'
+}
+if { $conf_changed || service_dir_gone; } && ping; then
     # The service reads containers.conf when it starts: restart it if it is the one this script started.
     pid=$(cat "$PIDFILE" 2>/dev/null || true)
     if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "system service"; then
@@ -184,8 +191,9 @@ if ! ping; then
     rm -f "$SOCKET"
     say "starting podman system service on unix://$SOCKET (log $CACHE/podman-service.log)"
     # Detached (own session; no inherited stdout, stderr or lock fd), so that it outlives this script and
-    # its caller and holds nothing of theirs open.
-    setsid podman system service --time=0 "unix://$SOCKET" >>"$CACHE/podman-service.log" 2>&1 </dev/null 9>&- &
+    # its caller and holds nothing of theirs open; in /, because conmon fails every container start once
+    # the service's working directory is gone (a checkout removed after the run that started it).
+    setsid env -C / podman system service --time=0 "unix://$SOCKET" >>"$CACHE/podman-service.log" 2>&1 </dev/null 9>&- &
     echo $! > "$PIDFILE"
     for _ in $(seq 100); do
         ping && break
