@@ -41,3 +41,11 @@ async def running_node(data_dir, **settings):
     finally:
         stop.set()
         await asyncio.wait_for(node_task, 20)
+
+
+def rot_entry(directory, value: bytes) -> None:
+    """Flip a byte of the stored entry holding ``value``, as a disk that rots would."""
+    segment = next(directory.glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[data.index(value)] ^= 0xFF
+    segment.write_bytes(bytes(data))

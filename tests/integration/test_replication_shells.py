@@ -10,6 +10,7 @@ import time
 
 import nats
 import pytest
+from conftest import rot_entry
 
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
@@ -35,14 +36,6 @@ async def loopback_nats(tmp_path):
             await nc.close()
     finally:
         server.stop()
-
-
-def rot_entry(directory, value: bytes) -> None:
-    """Flip a byte of the stored entry holding ``value``, as a disk that rots would."""
-    segment = next(directory.glob("*.log"))
-    data = bytearray(segment.read_bytes())
-    data[data.index(value)] ^= 0xFF
-    segment.write_bytes(bytes(data))
 
 
 async def until(predicate, timeout: float, what: str) -> None:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from conftest import rot_entry
 
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replica import NotLeader, PartitionReplica, ReplicaFailed, SyncPolicy
@@ -281,13 +282,6 @@ async def test_the_follower_loop_ends_once_its_replica_failed(tmp_path, monkeypa
         replica.close()
 
 
-def _rot_entry(directory, value: bytes) -> None:
-    segment = next(directory.glob("*.log"))
-    data = bytearray(segment.read_bytes())
-    data[data.index(value)] ^= 0xFF
-    segment.write_bytes(bytes(data))
-
-
 async def test_a_leader_asked_again_for_a_damaged_entry_finds_and_records_the_damage(tmp_path):
     """Fetches are served without CRC checks; the follower rejects the damaged entry and asks
     again, and that second read is checked: it raises and the log knows where it is damaged,
@@ -297,7 +291,7 @@ async def test_a_leader_asked_again_for_a_damaged_entry_finds_and_records_the_da
         replica.submit([Record(b"value-%d" % i) for i in range(10)])
         await until(lambda: replica.log.next_offset == 10)
         replica.log.sync()
-        _rot_entry(tmp_path / "p", b"value-5")
+        rot_entry(tmp_path / "p", b"value-5")
         assert replica.serve_fetch("F", 5, 0, 1 << 20)  # unchecked: the follower finds the damage
         with pytest.raises(CorruptEntry):
             replica.serve_fetch("F", 5, 0, 1 << 20)
@@ -313,7 +307,7 @@ async def test_a_follower_cuts_its_log_at_its_damage_and_grows_past_it_again(tmp
         replica.log.append([Record(b"value-%d" % i) for i in range(10)], 1)
         replica.log.high_watermark = 9
         replica.log.sync()
-        _rot_entry(tmp_path / "p", b"value-3")
+        rot_entry(tmp_path / "p", b"value-3")
         with pytest.raises(CorruptEntry):
             replica.read_committed(3, 10)
         assert replica.log.damaged_from == 3
