@@ -207,8 +207,8 @@ def stop_and_check_files(cluster: LocalCluster, streams: dict[str, dict[int, byt
 
 def leader_epochs(cluster: LocalCluster, index: int, stream: str) -> list[tuple[int, int]]:
     """(epoch, start offset) pairs of a node's leader-epoch checkpoint (a plain file read)."""
-    history = checkpoint.read_epochs(partition_dir(cluster, index, stream))
-    return history.entries if history is not None else []
+    saved = checkpoint.read_epochs(partition_dir(cluster, index, stream))
+    return saved.history.entries if saved is not None else []
 
 
 # ---- load ----------------------------------------------------------------------------------------------

@@ -102,14 +102,20 @@ def test_new_epochs_are_recorded_and_checkpointed(tmp_path):
         log.append(values(3), 4)
         log.append(values(1), 4)
         assert log.epochs.entries == [(1, 0), (4, 2)]
-    assert (tmp_path / "leader-epoch-checkpoint").read_text() == "1 0\n4 2\n"
+    assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 6\n1 0\n4 2\n"
 
 
-def test_changes_to_epochs_are_checkpointed(tmp_path):
+def test_changes_to_epochs_are_checkpointed_by_the_next_sync_after_the_data(tmp_path):
     with CommitLog.open(tmp_path) as log:
         log.append(values(2), 1)
+        log.sync()
+        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 2\n1 0\n"
         assert log.epochs.assign(2, log.next_offset)  # a new leader, before its first append
-        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "1 0\n2 2\n"
+        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 2\n1 0\n"
+        sync = log.begin_sync()
+        log.append(values(1), 2)  # after the sync began: not covered by it
+        sync()
+        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 2\n1 0\n2 2\n"
         log.append(values(1), 2)
         assert log.epochs.end_offset_for(1, log.next_offset) == (1, 2)
 
@@ -215,7 +221,7 @@ def test_high_watermark(tmp_path):
             log.high_watermark = -2
         log.high_watermark = 3
         assert not (tmp_path / "replication-offset-checkpoint").exists()
-        log.checkpoint_high_watermark()
+        log.checkpoint()
         assert (tmp_path / "replication-offset-checkpoint").read_text() == "3\n"
         assert not list(tmp_path.glob("*.tmp"))
         log.high_watermark = 4

@@ -427,7 +427,7 @@ def test_garbage_epoch_checkpoint_is_rebuilt_from_entries(tmp_path):
     (tmp_path / "leader-epoch-checkpoint").unlink()
     with CommitLog.open(tmp_path, CONFIG) as log:
         assert log.epochs.entries == epochs
-    assert (tmp_path / "leader-epoch-checkpoint").read_text() == "".join(
+    assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 36\n" + "".join(
         f"{e} {s}\n" for e, s in epochs
     )
 
@@ -456,6 +456,32 @@ def test_entries_of_an_epoch_the_checkpoint_missed_are_recorded(tmp_path):
         (tmp_path / "leader-epoch-checkpoint").write_text(stale)
         with CommitLog.open(tmp_path) as log:
             assert log.epochs.entries == [(1, 0), (2, 12)]
+
+
+def test_an_epoch_checkpoint_describing_replaced_entries_is_rebuilt(tmp_path):
+    """A truncation replaced epoch 1's tail with epoch 2's entries, and the power cut left the
+    checkpoint written before it: it covers offsets 0..11 as epoch 1."""
+    build_log(tmp_path, batches=6, config=LogConfig())  # epoch 2 starts at offset 12
+    for stale in ("end 14\n1 0\n", "end 18\n1 0\n2 15\n"):
+        (tmp_path / "leader-epoch-checkpoint").write_text(stale)
+        with CommitLog.open(tmp_path) as log:
+            assert log.epochs.entries == [(1, 0), (2, 12)]
+
+
+def test_an_epoch_checkpoint_written_before_appends_is_extended_from_the_entries(tmp_path, caplog):
+    build_log(tmp_path, batches=6, config=LogConfig())  # epoch 2 starts at offset 12
+    (tmp_path / "leader-epoch-checkpoint").write_text("end 7\n1 0\n")
+    with caplog.at_level(logging.WARNING), CommitLog.open(tmp_path) as log:
+        assert log.epochs.entries == [(1, 0), (2, 12)]
+    assert "rebuilding" not in caplog.text
+
+
+def test_an_epoch_checkpoint_missing_the_oldest_entries_is_rebuilt(tmp_path):
+    """Retention's unlinks were lost in the power cut, its checkpoint was not."""
+    build_log(tmp_path, batches=6, config=LogConfig())
+    (tmp_path / "leader-epoch-checkpoint").write_text("end 18\n2 12\n")
+    with CommitLog.open(tmp_path) as log:
+        assert log.epochs.entries == [(1, 0), (2, 12)]
 
 
 def test_leftover_files_are_removed(tmp_path):

@@ -35,6 +35,7 @@ class CommitLogMachine(RuleBasedStateMachine):
         self.model: list[tuple[bytes | None, bytes, dict, int]] = []
         self.oldest = 0
         self.epoch = 1
+        self.epoch_checkpoints: list[str] = []  # every one a sync wrote; a crash may leave any
 
     def clock(self) -> int:
         self.now += 7
@@ -76,6 +77,26 @@ class CommitLogMachine(RuleBasedStateMachine):
 
     def active_segment_entries(self) -> int:
         return len(self.model) - int(max(self.directory.glob("*.log")).stem)
+
+    @rule()
+    def sync(self):
+        self.log.sync()
+        checkpoint = self.directory / "leader-epoch-checkpoint"
+        if checkpoint.exists():
+            self.epoch_checkpoints.append(checkpoint.read_text())
+
+    @rule(data=st.data())
+    def crash_with_a_stale_epoch_checkpoint(self, data):
+        """The checkpoint is rewritten after the data it describes, so a power cut can leave an
+        older one, written before later appends, truncations or retention."""
+        self.log.close()
+        checkpoint = self.directory / "leader-epoch-checkpoint"
+        stale = data.draw(st.sampled_from([None, *self.epoch_checkpoints]))
+        if stale is None:
+            checkpoint.unlink(missing_ok=True)
+        else:
+            checkpoint.write_text(stale)
+        self.log = CommitLog.open(self.directory, CONFIG, clock=self.clock)
 
     @rule()
     def reopen(self):

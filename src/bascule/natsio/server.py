@@ -271,7 +271,7 @@ class EmbeddedNats:
             self._release_files()
             raise
         try:
-            self._record_pid()
+            await asyncio.to_thread(self._record_pid)
             await self._start_watchdog()
             await self._wait_until_ready()
         except BaseException:

@@ -19,7 +19,7 @@ from bascule.wire.names import CURSORS_STREAM
 
 log = logging.getLogger(__name__)
 
-HW_CHECKPOINT_INTERVAL = 5.0
+CHECKPOINT_INTERVAL = 5.0
 AUTO_PAUSE_CHECK_INTERVAL = 1.0
 
 
@@ -37,7 +37,7 @@ class Maintenance:
 
     def start(self) -> None:
         jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
-            (HW_CHECKPOINT_INTERVAL, self._checkpoint_high_watermarks),
+            (CHECKPOINT_INTERVAL, self._checkpoint_partitions),
             (self.config.streams.cleaner_interval, self._enforce_retention),
             (self._isr_check_interval(), self._maintain_isrs),
             (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
@@ -48,10 +48,10 @@ class Maintenance:
         for interval, job in jobs:
             self.tasks.start(_every(interval, job), job.__name__)
 
-    async def _checkpoint_high_watermarks(self) -> None:
+    async def _checkpoint_partitions(self) -> None:
         for local in self.partitions.all():
             if not local.replica.closed:
-                await local.replica.checkpoint_high_watermark()
+                await local.replica.checkpoint()
 
     async def _enforce_retention(self) -> None:
         for local in self.partitions.all():

@@ -130,7 +130,8 @@ class FollowerLoop:
         """One run of the follower machine, from what the log holds now. It ends (and ``_run``
         starts the next) when the log is found damaged: what follows the damage is fetched again."""
         replica, clock = self.replica, self.replica.clock
-        replica.cut_damage()
+        if replica.cut_damage() is not None:
+            await replica.sync()
         follower = machine.Follower(
             self.server_id, self.leader, self.leader_epoch, replica.log.epochs,
             replica.log.next_offset, replica.log.high_watermark, clock(),
@@ -159,6 +160,8 @@ class FollowerLoop:
             if action.below_high_watermark:
                 log.warning("%s/%s truncating below its HW to %d", replica.stream, replica.partition, action.end_offset)
             replica.truncate(action.end_offset)
+            # On disk before new entries are written where the cut ones were.
+            await replica.sync()
         elif isinstance(action, machine.SetHighWatermark):
             replica.set_high_watermark(action.hw)
         elif isinstance(action, machine.WaitForData):
@@ -241,6 +244,7 @@ class FollowerLoop:
                 log.warning("%s/%s: the leader's log starts at %d, past this replica's end: restarting the log there",
                             replica.stream, replica.partition, step.start_offset)
                 replica.restart_log(step.start_offset)
+                await replica.sync()
             elif isinstance(step, machine.Append):
                 replica.append_replicated(bytes(response.entries[:length]), walked)
                 if replica.sync_policy.always:

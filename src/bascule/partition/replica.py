@@ -88,6 +88,7 @@ class PartitionReplica:
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
         self._sync_due = False  # records written since the last fsync began (with outcomes or not)
         self._syncing = False
+        self._checkpointing = False  # a checkpoint of new epochs is being written
         self._data_changed = asyncio.Event()
         self._closed = False
         self._files_closed = False
@@ -168,6 +169,7 @@ class PartitionReplica:
         )
         self._publish_high_watermark(self.leadership)
         self._wake_readers()
+        self._checkpoint_new_epochs()
 
     def fence(self, requested_epoch: int) -> None:
         """A follower asked with ``requested_epoch``: stop writing now if the leadership says so,
@@ -387,6 +389,7 @@ class PartitionReplica:
     def append_replicated(self, data: bytes, walked: list[WalkedEntry]) -> None:
         """Raises LogFailed once the log failed (the follower loop then stops)."""
         self.log.append_raw(data, walked)
+        self._checkpoint_new_epochs()
 
     def truncate(self, end_offset: int) -> None:
         self.log.truncate(end_offset)
@@ -452,11 +455,27 @@ class PartitionReplica:
             self._fail(exc)
             raise self._failed_error() from exc
 
-    async def checkpoint_high_watermark(self) -> None:
-        """Write the HW checkpoint in a thread, if the HW moved since the last one."""
-        write = self.log.begin_high_watermark_checkpoint()
+    async def checkpoint(self) -> None:
+        """Write the HW and epoch checkpoints in a thread, those that changed since the last ones."""
+        write = self.log.begin_checkpoint()
         if write is not None:
             await self._loop.run_in_executor(None, write)
+
+    def _checkpoint_new_epochs(self) -> None:
+        """Checkpoint a changed epoch history soon, in a thread, rather than at the next periodic
+        checkpoint: the shorter the checkpoint lags, the less of the log the next open reads."""
+        if self._checkpointing or not self.log.epochs_changed:
+            return
+        write = self.log.begin_checkpoint()
+        if write is None:
+            return
+        self._checkpointing = True
+        self._loop.run_in_executor(None, write).add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, job: asyncio.Future) -> None:
+        self._checkpointing = False
+        if not job.cancelled() and job.exception() is not None:
+            log.warning("%s/%s: checkpoint failed: %s", self.stream, self.partition, job.exception())
 
     def _fail_pending(self, error: Exception) -> None:
         if self.leadership is not None:
@@ -484,7 +503,7 @@ class PartitionReplica:
             return
         self._files_closed = True
         try:
-            self.log.checkpoint_high_watermark()
+            self.log.checkpoint()
         finally:
             try:
                 self.log.close()

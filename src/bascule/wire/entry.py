@@ -212,6 +212,12 @@ def _check_crc(
         )
 
 
+def offset_and_epoch(header: bytes) -> tuple[int, int]:
+    """(offset, leader epoch) from an entry's header; the CRC is not checked."""
+    offset, _, leader_epoch, _, _ = ENTRY_HEADER.unpack_from(header)
+    return offset, leader_epoch
+
+
 def last_offset(buf: bytes | bytearray | memoryview) -> int:
     """Offset of the last entry of whole entries: the offset of the first plus their count - 1."""
     count = 0

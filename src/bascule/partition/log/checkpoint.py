@@ -1,12 +1,15 @@
 """Small checkpoint files of a partition: the leader-epoch history and the high watermark.
 
 Both are text, rewritten whole through ``bascule.durable`` (a temporary file, fsync, rename) so
-that a crash leaves either the old or the new contents, never a mix.
+that a crash leaves either the old or the new contents, never a mix. The epoch checkpoint names
+the log end it was written for: the log checks it against its entries when it opens, and reads
+the entries past that end.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from bascule.durable import write_atomically
@@ -18,22 +21,35 @@ HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class EpochCheckpoint:
+    history: EpochHistory
+    end_offset: int | None  # the log end it describes; None in checkpoints that predate the field
+
+
 # --- pure formats ---------------------------------------------------------------------------
 
 
-def format_epochs(history: EpochHistory) -> str:
-    return "".join(f"{epoch} {start_offset}\n" for epoch, start_offset in history.entries)
+def format_epochs(history: EpochHistory, end_offset: int) -> str:
+    return f"end {end_offset}\n" + "".join(f"{epoch} {start_offset}\n" for epoch, start_offset in history.entries)
 
 
-def parse_epochs(text: str) -> EpochHistory:
-    """Raises ValueError unless ``text`` is well-formed, ordered ``epoch start_offset`` lines."""
+def parse_epochs(text: str) -> EpochCheckpoint:
+    """Raises ValueError unless ``text`` is an optional ``end offset`` line followed by
+    well-formed, ordered ``epoch start_offset`` lines."""
+    lines = text.splitlines()
+    end_offset = None
+    if lines and lines[0].startswith("end "):
+        end_offset = int(lines.pop(0).removeprefix("end "))
+        if end_offset < 0:
+            raise ValueError(f"end offset {end_offset} is negative")
     entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         fields = line.split()
         if len(fields) != 2:
             raise ValueError(f"line {number}: expected 'epoch start_offset', got {line!r}")
         entries.append((int(fields[0]), int(fields[1])))
-    return EpochHistory(entries)
+    return EpochCheckpoint(EpochHistory(entries), end_offset)
 
 
 def format_high_watermark(high_watermark: int) -> str:
@@ -50,7 +66,7 @@ def parse_high_watermark(text: str) -> int:
 # --- files ----------------------------------------------------------------------------------
 
 
-def read_epochs(directory: Path) -> EpochHistory | None:
+def read_epochs(directory: Path) -> EpochCheckpoint | None:
     """The saved epoch history; None, with a warning if it was damaged, when there is none."""
     path = directory / EPOCH_CHECKPOINT
     try:
@@ -62,8 +78,8 @@ def read_epochs(directory: Path) -> EpochHistory | None:
         return None
 
 
-def write_epochs(directory: Path, history: EpochHistory) -> None:
-    write_atomically(directory / EPOCH_CHECKPOINT, format_epochs(history))
+def write_epochs(directory: Path, history: EpochHistory, end_offset: int) -> None:
+    write_atomically(directory / EPOCH_CHECKPOINT, format_epochs(history, end_offset))
 
 
 def read_high_watermark(directory: Path) -> int | None:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -102,47 +102,32 @@ class LogConfig:
                 raise ValueError(f"{name} must not be negative")
 
 
-class _CheckpointedEpochHistory(EpochHistory):
-    """An epoch history that rewrites its checkpoint file whenever it changes, so that callers
-    may use the log's ``epochs`` directly (e.g. a new leader assigning its epoch)."""
+class _TrackedEpochHistory(EpochHistory):
+    """An epoch history that counts its changes, so that the next sync knows to rewrite the
+    checkpoint; callers may change the log's ``epochs`` directly (a new leader assigning its
+    epoch)."""
 
-    __slots__ = ("_directory",)
+    __slots__ = ("version",)
 
-    def __init__(self, directory: Path, entries: list[tuple[int, int]]) -> None:
+    def __init__(self, entries: list[tuple[int, int]]) -> None:
         super().__init__(entries)
-        self._directory = directory
+        self.version = 0
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         assigned = super().assign(epoch, start_offset)
-        if assigned:
-            self.save()
+        self.version += assigned
         return assigned
 
     def truncate_from_end(self, end_offset: int) -> None:
-        self._saving_changes(super().truncate_from_end, end_offset)
+        self._counting_changes(super().truncate_from_end, end_offset)
 
     def truncate_from_start(self, start_offset: int) -> None:
-        self._saving_changes(super().truncate_from_start, start_offset)
+        self._counting_changes(super().truncate_from_start, start_offset)
 
-    def _saving_changes(self, change: Callable[[int], None], offset: int) -> None:
+    def _counting_changes(self, change: Callable[[int], None], offset: int) -> None:
         before = self.entries
         change(offset)
-        if self.entries != before:
-            self.save()
-
-    def save(self) -> None:
-        checkpoint.write_epochs(self._directory, self)
-
-    def restore(self, entries: list[tuple[int, int]]) -> None:
-        """Put back ``entries`` after an append that changed them failed. A checkpoint that cannot
-        be rewritten may stay ahead of the data: opening the log cuts it back."""
-        if entries == self.entries:
-            return
-        self._entries = list(entries)
-        try:
-            self.save()
-        except OSError as error:
-            logger.warning("could not restore the leader-epoch checkpoint of %s: %s", self._directory, error)
+        self.version += self.entries != before
 
 
 class CommitLog:
@@ -159,7 +144,8 @@ class CommitLog:
         self.config = config
         self._clock = clock
         self._segments = segments
-        self._epochs = _CheckpointedEpochHistory(directory, [])
+        self._epochs = _TrackedEpochHistory([])
+        self._checkpointed_epochs_version = 0
         self._high_watermark = -1
         self._checkpointed_high_watermark: int | None = None
         self._checkpoint_lock = threading.Lock()
@@ -194,29 +180,59 @@ class CommitLog:
         log = cls(directory, config, clock, segments)
         log._directory_unsynced = not base_offsets
         log._last_timestamp = log._timestamp_of_last_entry()
-        log._load_epochs(tail.epoch_starts if tail else [])
+        log._load_epochs()
         log._load_high_watermark()
         if tail is not None and tail.damaged_from is not None:
             log._record_damage(tail.damaged_from, cut_off=True)
         return log
 
-    def _load_epochs(self, tail_epoch_starts: list[tuple[int, int]]) -> None:
+    def _load_epochs(self) -> None:
+        """The saved history, checked against the entries it describes and extended by those
+        written after it; rebuilt from every entry when it does not hold. The checkpoint is
+        rewritten by syncs, after the data, so it may lag the log, or describe entries that a
+        truncation since replaced."""
         saved = checkpoint.read_epochs(self.directory)
-        self._epochs = _CheckpointedEpochHistory(self.directory, saved.entries if saved else [])
-        # The checkpoint is written before the data it describes, so after a crash it may run
-        # ahead of the log; trimmed to the log it must agree with the entries just read.
-        self._epochs.truncate_from_end(self.next_offset)
-        self._epochs.truncate_from_start(self.oldest_offset)
-        if self.next_offset == self.oldest_offset:
+        checked = self._checked(saved) if saved is not None else None
+        if checked is None:
+            if saved is not None or self.next_offset > self.oldest_offset:
+                logger.warning("rebuilding the leader-epoch history of %s from its entries", self.directory)
+            checked = _TrackedEpochHistory([]), self.oldest_offset
+        history, checked_end = checked
+        for epoch, start_offset in self._epoch_starts_from(checked_end):
+            history.assign(epoch, start_offset)
+        history.version = int(saved is None or history.entries != saved.history.entries)
+        self._epochs = history
+
+    def _checked(self, saved: checkpoint.EpochCheckpoint) -> tuple[_TrackedEpochHistory, int] | None:
+        """``saved`` trimmed to the offsets it covers, and the end of those; None unless every
+        epoch run in it starts and ends with entries of that epoch (epochs never decrease along
+        a log, so the whole run is then of it)."""
+        end_offset = min(saved.end_offset if saved.end_offset is not None else self.next_offset, self.next_offset)
+        if end_offset <= self.oldest_offset:
+            return _TrackedEpochHistory([]), self.oldest_offset
+        history = _TrackedEpochHistory(saved.history.entries)
+        history.truncate_from_end(end_offset)
+        history.truncate_from_start(self.oldest_offset)
+        runs = history.entries
+        if not runs or runs[0][1] != self.oldest_offset:
+            return None
+        ends = [start for _, start in runs[1:]] + [end_offset]
+        try:
+            for (epoch, start), end in zip(runs, ends):
+                if self._epoch_of_entry(start) != epoch or self._epoch_of_entry(end - 1) != epoch:
+                    return None
+        except (OSError, ValueError):
+            return None
+        return history, end_offset
+
+    def _epoch_of_entry(self, offset: int) -> int:
+        return self._segments[self._segment_index_for(offset)].epoch_of_entry(offset)
+
+    def _epoch_starts_from(self, offset: int) -> Iterator[tuple[int, int]]:
+        if offset >= self.next_offset:
             return
-        if saved is None or not _agrees(self._epochs, tail_epoch_starts):
-            logger.warning(
-                "rebuilding the leader-epoch history of %s from its entries", self.directory
-            )
-            self._epochs = _CheckpointedEpochHistory(self.directory, [])
-            for segment in self._segments:
-                for epoch, start_offset in segment.epoch_starts():
-                    self._epochs.assign(epoch, start_offset)
+        for segment in self._segments[self._segment_index_for(offset):]:
+            yield from segment.epoch_starts(max(offset, segment.base_offset))
 
     def _load_high_watermark(self) -> None:
         saved = checkpoint.read_high_watermark(self.directory)
@@ -290,27 +306,45 @@ class CommitLog:
             raise ValueError(f"high watermark {offset} is outside [-1, {self.newest_offset}]")
         self._high_watermark = offset
 
-    def checkpoint_high_watermark(self) -> None:
-        write = self.begin_high_watermark_checkpoint()
+    def checkpoint(self) -> None:
+        write = self.begin_checkpoint()
         if write is not None:
             write()
 
-    def begin_high_watermark_checkpoint(self) -> Callable[[], None] | None:
-        """What checkpoint_high_watermark would write now, as a blocking call to run in another
-        thread; None when the checkpoint is current."""
-        # A failed log keeps its last checkpoint: the HW in memory may cover data that never
+    @property
+    def epochs_changed(self) -> bool:
+        """Whether the epoch history changed since its checkpoint was last written."""
+        return self._epochs.version != self._checkpointed_epochs_version
+
+    def begin_checkpoint(self) -> Callable[[], None] | None:
+        """The HW and epoch checkpoints as they are now, as a blocking call to run in another
+        thread; None when both are current."""
+        # A failed log keeps its last HW checkpoint: the HW in memory may cover data that never
         # reached the disk.
-        if self._failure is not None or self._high_watermark == self._checkpointed_high_watermark:
-            return None
         high_watermark = self._high_watermark
+        hw_due = self._failure is None and high_watermark != self._checkpointed_high_watermark
+        epochs = self._epochs_to_checkpoint()
+        if not hw_due and epochs is None:
+            return None
 
         def write() -> None:
-            # One writer at a time: every checkpoint goes through the same temporary file.
-            with self._checkpoint_lock:
-                checkpoint.write_high_watermark(self.directory, high_watermark)
-                self._checkpointed_high_watermark = high_watermark
+            if hw_due:
+                # One writer at a time: every checkpoint goes through the same temporary file.
+                with self._checkpoint_lock:
+                    checkpoint.write_high_watermark(self.directory, high_watermark)
+                    self._checkpointed_high_watermark = high_watermark
+            if epochs is not None:
+                self._checkpoint_epochs(*epochs)
 
         return write
+
+    def _epochs_to_checkpoint(self) -> tuple[int, EpochHistory, int] | None:
+        """(version, history, log end) for the epoch checkpoint, None if it is current. The
+        checkpoint may be written before the data it covers is on disk: opening checks it against
+        the entries."""
+        if not self.epochs_changed:
+            return None
+        return self._epochs.version, EpochHistory(self._epochs.entries), self.next_offset
 
     @property
     def _active(self) -> Segment:
@@ -374,17 +408,13 @@ class CommitLog:
     ) -> None:
         """All or nothing: an OSError leaves the log as it was (the segment cuts off what part of
         the write reached it), so a writer may retry without duplicating entries."""
-        epochs_before = self._epochs.entries
         try:
             self._roll_if_due(len(data), len(entries))
-            for epoch, start_offset in epoch_starts:
-                self._epochs.assign(epoch, start_offset)  # checkpointed before the data it describes
             self._active.append(data, entries)
         except PartialWriteLeft as error:
             self._raise_failure("cutting off a failed append", error)
-        except OSError:
-            self._epochs.restore(epochs_before)
-            raise
+        for epoch, start_offset in epoch_starts:
+            self._epochs.assign(epoch, start_offset)
         self._last_timestamp = max(self._last_timestamp, entries[-1][2])
         damaged_from = self._damaged_from
         if self._damage_cut_off and damaged_from is not None and self.next_offset > damaged_from:
@@ -517,7 +547,6 @@ class CommitLog:
             self._last_timestamp = self._timestamp_of_last_entry()
             if self._damaged_from is not None and offset <= self._damaged_from:
                 self._damage_cut_off = True
-        # After the data, so that a crash in between leaves epochs describing at least the data.
         self._epochs.truncate_from_end(offset)
         self._high_watermark = min(self._high_watermark, offset - 1)
 
@@ -532,7 +561,7 @@ class CommitLog:
             self._segments.append(
                 Segment.create(self.directory, offset, self.config.index_interval_bytes)
             )
-        durable.sync_directory(self.directory)
+        self._directory_unsynced = True
 
     def restart_at(self, offset: int) -> None:
         """Empty the log and restart it at ``offset``, which may be past its end (a follower whose
@@ -546,7 +575,7 @@ class CommitLog:
             self._segments = [
                 Segment.create(self.directory, offset, self.config.index_interval_bytes)
             ]
-            durable.sync_directory(self.directory)
+            self._directory_unsynced = True
         except OSError as error:
             self._raise_failure("restarting the log", error)
         if self._damaged_from is not None:
@@ -577,6 +606,7 @@ class CommitLog:
             logger.info("retention deleted %s", segment.log_path)
         del self._segments[:count]
         if count:
+            self._directory_unsynced = True
             self._epochs.truncate_from_start(self.oldest_offset)
             if self._damaged_from is not None and self._damaged_from < self.oldest_offset:
                 self._damaged_from = None
@@ -608,17 +638,9 @@ class CommitLog:
     # --- durability ------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """fsync what was written since the last sync; nothing to do costs nothing. A failure
-        fails the log (LogFailed)."""
-        self._check_not_failed()
-        try:
-            for segment in self._segments:
-                segment.sync()
-            if self._directory_unsynced:
-                durable.sync_directory(self.directory)
-                self._directory_unsynced = False
-        except OSError as error:
-            self._raise_failure("fsync", error)
+        """fsync what was written since the last sync, then rewrite the epoch checkpoint if it
+        changed; nothing to do costs nothing. A failed fsync fails the log (LogFailed)."""
+        self.begin_sync()()
 
     def begin_sync(self) -> Callable[[], None]:
         """What sync() would do now, as a blocking call to run in another thread. Appends may go
@@ -629,6 +651,7 @@ class CommitLog:
         fds = [fd for segment in self._segments for fd in segment.take_unsynced()]
         directory = self.directory if self._directory_unsynced else None
         self._directory_unsynced = False
+        epochs = self._epochs_to_checkpoint()
 
         def run() -> None:
             try:
@@ -642,8 +665,22 @@ class CommitLog:
                 for fd in fds:
                     os.close(fd)
             self._check_not_failed()
+            if epochs is not None:
+                self._checkpoint_epochs(*epochs)
 
         return run
+
+    def _checkpoint_epochs(self, version: int, history: EpochHistory, end_offset: int) -> None:
+        # A checkpoint that cannot be written costs only a longer check at the next open.
+        with self._checkpoint_lock:
+            if version <= self._checkpointed_epochs_version:
+                return  # a newer one is on disk already
+            try:
+                checkpoint.write_epochs(self.directory, history, end_offset)
+            except OSError as error:
+                logger.warning("could not write the leader-epoch checkpoint of %s: %s", self.directory, error)
+                return
+            self._checkpointed_epochs_version = version
 
     def _check_not_failed(self) -> None:
         if self._failure is not None:
@@ -666,21 +703,10 @@ class CommitLog:
         try:
             if self._failure is None:
                 self.sync()
-                self.checkpoint_high_watermark()
+                self.checkpoint()
         finally:
             for segment in self._segments:
                 segment.close()
-
-
-def _agrees(history: EpochHistory, epoch_starts: list[tuple[int, int]]) -> bool:
-    """Whether ``history`` matches epoch runs read from the log's entries, the first of which
-    may have begun before the entries read."""
-    for run, (epoch, start_offset) in enumerate(epoch_starts):
-        if history.epoch_at(start_offset) != epoch:
-            return False
-        if run > 0 and (epoch, start_offset) not in history.entries:
-            return False
-    return True
 
 
 def _monotonic(records: Sequence[Record], now: int, previous: int) -> Sequence[Record]:

@@ -11,13 +11,13 @@ import os
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from bascule import durable
 from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
-from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, WalkedEntry, scan
+from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, WalkedEntry, offset_and_epoch, scan
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -51,7 +51,6 @@ class WalkedTail:
     valid_end: int  # end of the last whole entry reached
     next_offset: int
     last_timestamp: int | None = None
-    epoch_starts: list[tuple[int, int]] = field(default_factory=list)  # (epoch, first offset)
     # First offset moved aside into a quarantine file at open (a damaged entry followed by intact
     # ones), None if the segment was whole or only its torn tail was cut.
     damaged_from: int | None = None
@@ -242,11 +241,9 @@ class Segment:
         relative_offset, position = index.restart_at_last_point()
         points_before_walk = len(index)
         tail = WalkedTail(valid_end=position, next_offset=self.base_offset + relative_offset)
-        for offset, epoch, timestamp, start, end in self._walk(
+        for offset, _, timestamp, start, end in self._walk(
             position, tail.next_offset, check_crc
         ):
-            if not tail.epoch_starts or tail.epoch_starts[-1][0] != epoch:
-                tail.epoch_starts.append((epoch, offset))
             index.add_entry(offset - self.base_offset, start, end)
             tail.valid_end, tail.next_offset, tail.last_timestamp = end, offset + 1, timestamp
         index.truncate(tail.next_offset - self.base_offset, tail.valid_end)
@@ -355,7 +352,6 @@ class Segment:
         self._rewrite_index_file()
         self._first_timestamp = None
         self._last_timestamp = None
-        self.sync()
 
     def take_unsynced(self) -> list[int]:
         """Duplicates of the file descriptors to fsync, for a sync running in another thread (a
@@ -364,12 +360,6 @@ class Segment:
             return []
         self.unsynced = False
         return [os.dup(self._log_fd), os.dup(self._index_fd)]
-
-    def sync(self) -> None:
-        if self.unsynced:
-            os.fsync(self._log_fd)
-            os.fsync(self._index_fd)
-            self.unsynced = False
 
     def close(self) -> None:
         for fd in (self._open_log_fd, self._open_index_fd):
@@ -518,13 +508,31 @@ class Segment:
                 return None
         return expected_offset if expected_offset < self.next_offset else None
 
-    def epoch_starts(self) -> Iterator[tuple[int, int]]:
-        """(epoch, first offset) of every run of one epoch, read from all entry headers."""
+    def epoch_starts(self, from_offset: int) -> Iterator[tuple[int, int]]:
+        """(epoch, first offset) of every run of one epoch from ``from_offset`` on, read from the
+        entry headers."""
+        try:
+            position, first_offset = self.locate(from_offset), from_offset
+        except CorruptEntry:  # the damaged entries are reported when read; here, the walk stops at them
+            position, first_offset = 0, self.base_offset
         current_epoch = None
-        for offset, epoch, _, _, _ in self._walk(0, self.base_offset, check_crc=False):
+        for offset, epoch, _, _, _ in self._walk(position, first_offset, check_crc=False):
+            if offset < from_offset:
+                continue
             if epoch != current_epoch:
                 current_epoch = epoch
                 yield epoch, offset
+
+    def epoch_of_entry(self, offset: int) -> int:
+        """The leader epoch in the header of the entry at ``offset``; ValueError if there is no
+        whole header of that entry there."""
+        header = os.pread(self._log_fd, HEADER_SIZE, self.locate(offset))
+        if len(header) < HEADER_SIZE:
+            raise ValueError(f"no entry {offset} in {self.log_path}")
+        entry_offset, epoch = offset_and_epoch(header)
+        if entry_offset != offset:
+            raise ValueError(f"entry {entry_offset} found where {offset} belongs in {self.log_path}")
+        return epoch
 
     def _walk(
         self, position: int, expected_offset: int, check_crc: bool, chunk_size: int = _WALK_CHUNK
