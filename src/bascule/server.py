@@ -9,12 +9,10 @@ import gc
 import logging
 import signal
 import sys
-from pathlib import Path
 
-import grpc
-
-from bascule.api.server import add_services, listen
+from bascule.api.server import add_services
 from bascule.config import Config, ConfigError, load_config, overrides_from_args
+from bascule.h2grpc import GrpcServer, server_tls_context
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
 
@@ -51,30 +49,27 @@ async def run(
 async def _serve(
     config: Config, tasks: Tasks, ready: asyncio.Event | None, stop: asyncio.Event, nodes: list[Node] | None,
 ) -> None:
-    tls = await asyncio.to_thread(_read_tls, config) if config.tls.enabled else None
+    tls = await asyncio.to_thread(server_tls_context, config.tls.cert, config.tls.key) if config.tls.enabled else None
     node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)
-    server: grpc.aio.Server | None = None
+    server = GrpcServer(ssl_context=tls)
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
-        server, port = listen(config.listen_host, config.port, tls)
+        port = await server.bind(config.listen_host, config.port)
         await node.start(port)
-        add_services(server, node, node.partitions, node.publishing, node.admin)
+        health = add_services(server, node, node.partitions, node.publishing, node.admin)
         await server.start()
+        health.set_serving(True)
         log.info("gRPC API listening on %s:%s", config.listen_host, port)
         if ready is not None:
             ready.set()
         await stop.wait()
         log.info("shutting down")
+        health.set_serving(False)
     finally:
-        if server is not None:
-            await server.stop(grace=SHUTDOWN_GRACE)
+        await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
-
-
-def _read_tls(config: Config) -> tuple[bytes, bytes]:
-    return Path(config.tls.cert).read_bytes(), Path(config.tls.key).read_bytes()
 
 
 def tune_garbage_collector() -> None:

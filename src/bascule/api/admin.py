@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 
 from bascule.api.ports import Cluster, ClusterQueries
-from bascule.wire.pb import admin_pb2, admin_pb2_grpc
+from bascule.wire.pb import admin_pb2
 
 log = logging.getLogger(__name__)
 
 GATHER_TIMEOUT = 1.0
 
 
-class Admin(admin_pb2_grpc.AdminServicer):
+class Admin:
     def __init__(self, cluster: Cluster, queries: ClusterQueries) -> None:
         self.cluster = cluster
         self.queries = queries

@@ -6,91 +6,66 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from bascule.api.admin import Admin
 from bascule.api.cursors import Cursors
+from bascule.api.health import Health
 from bascule.api.ports import Cluster, ClusterQueries, Publishing, Replicas
 from bascule.api.publish import PublishRPCs
 from bascule.api.streams import StreamRPCs
 from bascule.api.subscribe import SubscribeRPCs
-from bascule.wire.pb import admin_pb2_grpc, api_pb2_grpc, data_pb2_grpc
+from bascule.h2grpc import GrpcServer, service_methods
+from bascule.wire.pb import admin_pb2, api_pb2, data_pb2, health_pb2
 
-MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
-# An RPC handler as gRPC calls it: (request or request iterator, context).
+# An RPC handler as the server calls it: (request or request iterator, context).
 Handler = Callable[..., Any]
 
+API_SERVICE = api_pb2.DESCRIPTOR.services_by_name["API"]
+DATA_SERVICE = data_pb2.DESCRIPTOR.services_by_name["Data"]
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
-class API(api_pb2_grpc.APIServicer):
-    """Every RPC of ``proto.API``, each taken from the group that implements it."""
 
-    # Declared as attributes, the groups' handlers may replace the servicer's methods.
-    CreateStream: Handler
-    DeleteStream: Handler
-    PauseStream: Handler
-    SetStreamReadonly: Handler
-    FetchMetadata: Handler
-    FetchPartitionMetadata: Handler
-    Publish: Handler
-    PublishAsync: Handler
-    PublishToSubject: Handler
-    Subscribe: Handler
-    SetCursor: Handler
-    FetchCursor: Handler
+class API:
+    """Every RPC of ``proto.API`` that bascule implements, each taken from the group that
+    implements it; the others are UNIMPLEMENTED."""
 
     def __init__(self, streams: StreamRPCs, publish: PublishRPCs, subscribe: SubscribeRPCs, cursors: Cursors) -> None:
-        self.CreateStream = streams.CreateStream
-        self.DeleteStream = streams.DeleteStream
-        self.PauseStream = streams.PauseStream
-        self.SetStreamReadonly = streams.SetStreamReadonly
-        self.FetchMetadata = streams.FetchMetadata
-        self.FetchPartitionMetadata = streams.FetchPartitionMetadata
-        self.Publish = publish.Publish
-        self.PublishAsync = publish.PublishAsync
-        self.PublishToSubject = publish.PublishToSubject
-        self.Subscribe = subscribe.Subscribe
-        self.SetCursor = cursors.SetCursor
-        self.FetchCursor = cursors.FetchCursor
+        self.CreateStream: Handler = streams.CreateStream
+        self.DeleteStream: Handler = streams.DeleteStream
+        self.PauseStream: Handler = streams.PauseStream
+        self.SetStreamReadonly: Handler = streams.SetStreamReadonly
+        self.FetchMetadata: Handler = streams.FetchMetadata
+        self.FetchPartitionMetadata: Handler = streams.FetchPartitionMetadata
+        self.Publish: Handler = publish.Publish
+        self.PublishAsync: Handler = publish.PublishAsync
+        self.PublishToSubject: Handler = publish.PublishToSubject
+        self.Subscribe: Handler = subscribe.Subscribe
+        self.SetCursor: Handler = cursors.SetCursor
+        self.FetchCursor: Handler = cursors.FetchCursor
 
 
-class Data(data_pb2_grpc.DataServicer):
+class Data:
     """bascule's batch data path: committed entries as stored, many per gRPC message."""
 
-    SubscribeBatches: Handler
-
     def __init__(self, subscribe: SubscribeRPCs) -> None:
-        self.SubscribeBatches = subscribe.SubscribeBatches
-
-
-def listen(host: str, port: int, tls: tuple[bytes, bytes] | None = None) -> tuple[grpc.aio.Server, int]:
-    """A gRPC server bound to ``host``:``port`` (0: a free port), not yet serving; returns it and
-    its port. Its services are added once the node that serves them has started."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-        ]
-    )
-    address = f"{host}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        cert, key = tls
-        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
-    if not bound:
-        raise OSError(f"cannot listen on {address}")
-    return server, bound
+        self.SubscribeBatches: Handler = subscribe.SubscribeBatches
 
 
 def add_services(
-    server: grpc.aio.Server, cluster: Cluster, replicas: Replicas, publishing: Publishing, queries: ClusterQueries,
-) -> None:
-    """Liftbridge's API, the batch data path and the admin API, served from a node's parts."""
+    server: GrpcServer, cluster: Cluster, replicas: Replicas, publishing: Publishing, queries: ClusterQueries,
+) -> Health:
+    """Liftbridge's API, the batch data path, the admin API and the health service, served from a
+    node's parts; returns the health service, for the server to say when it serves."""
     subscribe = SubscribeRPCs(cluster, replicas)
     api = API(
         StreamRPCs(cluster, replicas), PublishRPCs(cluster, replicas, publishing), subscribe,
         Cursors(cluster, replicas, publishing),
     )
-    api_pb2_grpc.add_APIServicer_to_server(api, server)
-    data_pb2_grpc.add_DataServicer_to_server(Data(subscribe), server)
-    admin_pb2_grpc.add_AdminServicer_to_server(Admin(cluster, queries), server)
+    served: list[tuple[Any, object]] = [
+        (API_SERVICE, api), (DATA_SERVICE, Data(subscribe)), (ADMIN_SERVICE, Admin(cluster, queries)),
+    ]
+    health = Health(service.full_name for service, _ in served)
+    served.append((HEALTH_SERVICE, health))
+    for service, servicer in served:
+        server.add(service_methods(service, servicer))
+    return health

@@ -11,10 +11,12 @@ import grpc
 from bascule.api import positions
 from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
+from bascule.h2grpc import Framed
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.batches import as_subscribe_request
-from bascule.wire.entry import CorruptEntry, Entry, decode_entries, last_offset
+from bascule.wire.entry import CorruptEntry, first_offset, last_offset
+from bascule.wire.messages import MessageEncoder
 from bascule.wire.pb import api_pb2, data_pb2
 
 log = logging.getLogger(__name__)
@@ -33,13 +35,18 @@ class SubscribeRPCs:
     async def Subscribe(self, request, context):
         replica, offset, stop = await self._open(request, context)
         yield api_pb2.Message()  # handshake: clients wait for it before reading
-        async for chunk, _ in _committed_chunks(replica, offset, SUBSCRIBE_BATCH_BYTES, context):
-            for entry in decode_entries(chunk, check_crc=False):
-                if stop.done_before(entry.offset, entry.timestamp):
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
-                yield message_from_entry(request.stream, request.partition, entry)
-                if stop.done_after(entry.offset):
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+        encoder = MessageEncoder(request.stream, request.partition)
+        async for chunk, last in _committed_chunks(replica, offset, SUBSCRIBE_BATCH_BYTES, context):
+            kept = stop.cut(chunk, last)
+            if kept:
+                try:
+                    yield Framed(encoder.encode(kept))
+                except CorruptEntry as exc:
+                    await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry: {exc}")
+            if stop.done_after(last_offset(kept) if kept else first_offset(chunk) - 1):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+            if len(kept) < len(chunk):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
 
     async def SubscribeBatches(self, request, context):
         if request.maxBytes > MAX_BATCH_BYTES:
@@ -116,18 +123,3 @@ async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Partition paused")
     if replica.readonly and offset > replica.log.newest_offset:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "End of readonly partition")
-
-
-def message_from_entry(stream: str, partition: int, entry: Entry) -> api_pb2.Message:
-    headers = entry.headers
-    return api_pb2.Message(
-        offset=entry.offset,
-        key=entry.key or b"",
-        value=entry.value,
-        timestamp=entry.timestamp,
-        stream=stream,
-        partition=partition,
-        subject=headers.get("subject", b"").decode(errors="replace"),
-        replySubject=headers.get("reply", b"").decode(errors="replace"),
-        headers=headers,
-    )

@@ -12,7 +12,8 @@ Every entry, big-endian (see docs/design.md):
           value length uint32, value
 
 A leader's log bytes are its followers' log bytes, so this module is the only place that knows
-the layout.
+the layout (``bascule.wire.messages``, Subscribe's encoder, reads it through the structs here, and
+its tests hold it to ``decode_entries``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ CRC_POSITION = 28
 
 _HEADER_BEFORE_CRC = struct.Struct(">qqQI")
 _CRC = struct.Struct(">I")
-_KEY_AND_VALUE_LENGTHS = struct.Struct(">iI")
+KEY_AND_VALUE_LENGTHS = struct.Struct(">iI")
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _UINT16 = struct.Struct(">H")
 
 _NO_KEY = -1
 _NO_HEADERS = b"\x00\x00"
-_EMPTY_BODY_SIZE = _KEY_AND_VALUE_LENGTHS.size + _UINT16.size  # no key, empty value, no headers
+_EMPTY_BODY_SIZE = KEY_AND_VALUE_LENGTHS.size + _UINT16.size  # no key, empty value, no headers
 _MAX_UINT16 = 0xFFFF
 _MAX_UINT32 = 0xFFFFFFFF
 _MAX_INT32 = 0x7FFFFFFF
@@ -133,7 +134,7 @@ def _encode_body(record: Record) -> bytes:
         parts: tuple[bytes, ...] = (_INT32.pack(len(key)), key, _UINT32.pack(len(value)), value, headers)
     else:
         key_length = _NO_KEY if key is None else 0
-        parts = (_KEY_AND_VALUE_LENGTHS.pack(key_length, len(value)), value, headers)
+        parts = (KEY_AND_VALUE_LENGTHS.pack(key_length, len(value)), value, headers)
     body = b"".join(parts)
     if len(body) > _MAX_UINT32:
         raise ValueError(f"entry body of {len(body)} bytes is too large")
@@ -218,6 +219,10 @@ def offset_and_epoch(header: bytes) -> tuple[int, int]:
     return offset, leader_epoch
 
 
+def first_offset(buf: bytes | bytearray | memoryview) -> int:
+    return ENTRY_HEADER.unpack_from(buf, 0)[0]
+
+
 def last_offset(buf: bytes | bytearray | memoryview) -> int:
     """Offset of the last entry of whole entries: the offset of the first plus their count - 1."""
     count = 0
@@ -250,21 +255,35 @@ def decode_entries(buf: bytes | bytearray | memoryview, check_crc: bool = True) 
     view = memoryview(buf)
     entries = []
     for offset, leader_epoch, timestamp, start, end in scan(view, check_crc):
-        key, value, headers = _decode_body(view, start + HEADER_SIZE, end, offset)
-        entries.append(Entry(offset, timestamp, leader_epoch, key, value, headers))
+        key, value, header_block = _body_parts(view, start + HEADER_SIZE, end, offset)
+        headers = {} if header_block is None else decode_header_block(header_block, offset)
+        entries.append(Entry(offset, timestamp, leader_epoch, None if key is None else bytes(key), bytes(value),
+                             dict(headers)))
     return entries
 
 
-def _decode_body(
+def entry_parts(
+    buf: bytes | bytearray | memoryview,
+) -> Iterator[tuple[int, int, memoryview | None, memoryview, bytes | None]]:
+    """(offset, timestamp, key, value, header block) of each whole entry of ``buf``, whose CRCs
+    were checked when it was read; key and value are views into ``buf``, the header block (for
+    ``decode_header_block``) is None when the entry has no headers. CorruptEntry as decode_entries."""
+    view = memoryview(buf)
+    for offset, _, timestamp, start, end in scan(view, check_crc=False):
+        key, value, header_block = _body_parts(view, start + HEADER_SIZE, end, offset)
+        yield offset, timestamp, key, value, header_block
+
+
+def _body_parts(
     view: memoryview, position: int, end: int, offset: int
-) -> tuple[bytes | None, bytes, dict[str, bytes]]:
+) -> tuple[memoryview | None, memoryview, bytes | None]:
     # scan() has checked the body holds at least the key length, value length and header count.
     key_length = _INT32.unpack_from(view, position)[0]
     position += 4
     if key_length == _NO_KEY:
         key = None
     elif 0 <= key_length <= end - position - 6:
-        key = bytes(view[position : position + key_length])
+        key = view[position : position + key_length]
         position += key_length
     else:
         raise CorruptEntry(f"entry at offset {offset} has a bad key length {key_length}")
@@ -274,22 +293,27 @@ def _decode_body(
         raise CorruptEntry(
             f"entry at offset {offset}: value of {value_length} bytes overruns the body"
         )
-    value = bytes(view[position : position + value_length])
+    value = view[position : position + value_length]
     position += value_length
-    header_count = _UINT16.unpack_from(view, position)[0]
-    if not header_count:
+    if view[position] == 0 and view[position + 1] == 0:  # no headers
         if position + 2 != end:
             raise CorruptEntry(f"entry at offset {offset} has {end - position - 2} bytes after its value")
-        return key, value, {}
+        return key, value, None
     # The header block runs to the end of the body; captured messages of one subject share it.
-    block = bytes(view[position:end])
+    return key, value, bytes(view[position:end])
+
+
+def decode_header_block(block: bytes, offset: int) -> dict[str, bytes]:
+    """The headers of a header block from ``entry_parts`` (count, then name/value pairs); the
+    result is shared between entries with the same block: not to be changed."""
     headers = _decoded_header_blocks.get(block)
     if headers is None:
-        headers = _decode_headers(view, position + 2, end, offset, header_count)
+        view = memoryview(block)
+        headers = _decode_headers(view, 2, len(block), offset, _UINT16.unpack_from(view, 0)[0])
         if len(_decoded_header_blocks) >= _HEADER_BLOCK_CACHE_SIZE:
             _decoded_header_blocks.clear()
         _decoded_header_blocks[block] = headers
-    return key, value, dict(headers)
+    return headers
 
 
 _HEADER_BLOCK_CACHE_SIZE = 4096

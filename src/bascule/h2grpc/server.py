@@ -1,0 +1,466 @@
+"""The asyncio shell of the gRPC server: sockets, tasks and timers around ``GrpcConnection``.
+
+Each connection is an ``asyncio.Protocol``; each call runs its handler in a task the connection owns
+(cancelled when the client resets the call, its deadline passes, or the connection ends). Writes are
+coalesced: a handler's responses are queued, and the queue is flushed once per turn of the event loop,
+so a Subscribe that yields a hundred messages in a turn sends them in a few DATA frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import ssl
+from collections.abc import Iterable
+from typing import Any, NoReturn
+
+from google.protobuf.message import DecodeError
+
+from bascule.h2grpc.connection import (
+    CallCancelled,
+    CallStarted,
+    ConnectionEnded,
+    GrpcConnection,
+    MessagesReceived,
+    Metadata,
+    PingAcked,
+    RequestsEnded,
+)
+from bascule.h2grpc.services import Method
+from bascule.h2grpc.status import Abort, Status, status_of
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
+KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
+SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued for its call
+SEND_LOW_WATER = 256 << 10
+ACK_BATCH = 64 << 10  # received bytes acknowledged (windows reopened) in batches of this size
+
+
+class Framed(bytes):
+    """Responses a handler serialized and framed itself, each with gRPC's 5-byte prefix: a
+    streaming handler that yields many at once saves a step per message."""
+
+
+class CallContext:
+    """What a handler knows of its call, with the subset of grpc.aio's ServicerContext that
+    handlers use: abort, time_remaining, invocation_metadata, peer, cancelled."""
+
+    __slots__ = ("_deadline", "_loop", "_metadata", "_peer", "_call")
+
+    def __init__(self, call: _Call, metadata: Metadata, deadline: float | None, peer: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._call, self._metadata, self._deadline, self._peer, self._loop = call, metadata, deadline, peer, loop
+
+    async def abort(self, code: Any, details: str = "") -> NoReturn:
+        raise Abort(status_of(code), details)
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._loop.time())
+
+    def invocation_metadata(self) -> Metadata:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def cancelled(self) -> bool:
+        return self._call.cancelled
+
+
+class _Call:
+    __slots__ = (
+        "stream_id", "method", "context", "task", "inbox", "inbox_waiter", "requests_ended", "unacked",
+        "deadline_timer", "expired", "cancelled", "writable",
+    )
+
+    def __init__(self, stream_id: int, method: Method) -> None:
+        self.stream_id = stream_id
+        self.method = method
+        self.context: CallContext | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.inbox: collections.deque[tuple[bytes, int]] = collections.deque()  # (message, flow bytes)
+        self.inbox_waiter: asyncio.Future[None] | None = None
+        self.requests_ended = False
+        self.unacked = 0
+        self.deadline_timer: asyncio.TimerHandle | None = None
+        self.expired = False
+        self.cancelled = False  # reset by the client, or the connection ended
+        self.writable: asyncio.Future[None] | None = None
+
+
+class _Requests:
+    """A client-streaming call's requests, as the async iterator its handler reads."""
+
+    __slots__ = ("_call", "_connection")
+
+    def __init__(self, call: _Call, connection: _Connection) -> None:
+        self._call, self._connection = call, connection
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        call = self._call
+        while not call.inbox:
+            if call.requests_ended:
+                raise StopAsyncIteration
+            call.inbox_waiter = self._connection.loop.create_future()
+            try:
+                await call.inbox_waiter
+            finally:
+                call.inbox_waiter = None
+        data, flow_size = call.inbox.popleft()
+        if flow_size:
+            self._connection.consumed(call, flow_size)
+        return _decode(call.method, data)
+
+
+def _decode(method: Method, data: bytes) -> Any:
+    try:
+        return method.decode(data)
+    except DecodeError as error:
+        raise Abort(Status.INTERNAL, f"could not decode the request: {error}") from None
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: GrpcServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.grpc = GrpcConnection(server.max_message_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.calls: dict[int, _Call] = {}
+        self._flush_scheduled = False
+        self._paused = False
+        self._heard_from_client = True
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._ping_sent = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.peer = _peer_name(transport.get_extra_info("peername"))
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
+            log.info("closing a TLS connection from %s that did not negotiate h2", self.peer)
+            transport.close()
+            return
+        self.server.connections.add(self)
+        self.grpc.initiate()
+        self._write()
+        self._keepalive = self.loop.call_later(self.server.keepalive_time, self._keepalive_due)
+
+    def data_received(self, data: bytes) -> None:
+        self._heard_from_client = True
+        for event in self.grpc.receive(data):
+            if isinstance(event, MessagesReceived):
+                self._messages(event)
+            elif isinstance(event, CallStarted):
+                self._start(event)
+            elif isinstance(event, RequestsEnded):
+                self._requests_ended(event.stream_id)
+            elif isinstance(event, CallCancelled):
+                self._cancel(event.stream_id)
+            elif isinstance(event, ConnectionEnded):
+                log.debug("connection from %s ends: %s", self.peer, event.reason)
+                self.close_transport()
+            elif isinstance(event, PingAcked):
+                self._ping_sent = False
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for call in list(self.calls.values()):
+            self._abandon(call)
+        self.calls.clear()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    def _start(self, event: CallStarted) -> None:
+        method = self.server.methods.get(event.method)
+        if method is None:
+            self.grpc.finish(event.stream_id, Status.UNIMPLEMENTED, f"Method not found: {event.method}")
+            return
+        if self.server.closing:
+            self.grpc.finish(event.stream_id, Status.UNAVAILABLE, "the server is shutting down")
+            return
+        call = _Call(event.stream_id, method)
+        deadline = None if event.timeout is None else self.loop.time() + event.timeout
+        call.context = CallContext(call, event.metadata, deadline, self.peer, self.loop)
+        self.calls[event.stream_id] = call
+        if event.timeout is not None:
+            call.deadline_timer = self.loop.call_later(event.timeout, self._expire, call)
+        if method.client_streaming:
+            self._run(call, _Requests(call, self))
+
+    def _messages(self, event: MessagesReceived) -> None:
+        call = self.calls.get(event.stream_id)
+        if call is None:
+            self.grpc.acknowledge(event.stream_id, event.flow_size)
+            return
+        messages = event.messages
+        inbox = call.inbox
+        for message in messages[:-1]:
+            inbox.append((message, 0))
+        inbox.append((messages[-1], event.flow_size))
+        if not call.method.client_streaming:
+            self.consumed(call, event.flow_size)  # one message, bounded by the size limit
+        elif call.inbox_waiter is not None and not call.inbox_waiter.done():
+            call.inbox_waiter.set_result(None)
+
+    def consumed(self, call: _Call, flow_size: int) -> None:
+        call.unacked += flow_size
+        if call.unacked >= ACK_BATCH or not call.inbox:
+            self.grpc.acknowledge(call.stream_id, call.unacked)
+            call.unacked = 0
+            self.flush_soon()
+
+    def _requests_ended(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is None or call.requests_ended:
+            return
+        call.requests_ended = True
+        if call.method.client_streaming:
+            if call.inbox_waiter is not None and not call.inbox_waiter.done():
+                call.inbox_waiter.set_result(None)
+            return
+        if len(call.inbox) != 1:
+            self._end(call, Status.INTERNAL, f"expected one request message, got {len(call.inbox)}")
+            return
+        try:
+            request = _decode(call.method, call.inbox.popleft()[0])
+        except Abort as abort:
+            self._end(call, abort.status, abort.details)
+            return
+        self._run(call, request)
+
+    def _run(self, call: _Call, argument: Any) -> None:
+        call.task = self.loop.create_task(self._serve(call, argument), name=f"grpc {call.method.path}")
+
+    async def _serve(self, call: _Call, argument: Any) -> None:
+        method = call.method
+        try:
+            if method.server_streaming:
+                async for response in method.handler(argument, call.context):
+                    self._send(call, response)
+                    if self._paused or self.grpc.pending_bytes(call.stream_id) > SEND_HIGH_WATER:
+                        await self._writable(call)
+            else:
+                self._send(call, await method.handler(argument, call.context))
+            self._end(call, Status.OK)
+        except Abort as abort:
+            self._end(call, abort.status, abort.details)
+        except asyncio.CancelledError:
+            if call.expired:
+                self._end(call, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            elif not call.cancelled:
+                self._end(call, Status.UNAVAILABLE, "the server is shutting down")
+            # The task is this connection's own and ends here, whoever cancelled it.
+        except Exception as error:
+            log.exception("%s failed", method.path)
+            self._end(call, Status.UNKNOWN, f"unexpected {type(error).__name__}: {error}")
+        finally:
+            self._forget(call)
+
+    def _send(self, call: _Call, response: Any) -> None:
+        if isinstance(response, Framed):
+            self.grpc.send_framed(call.stream_id, response)
+            self.flush_soon()
+            return
+        payload = response if isinstance(response, bytes) else response.SerializeToString()
+        if len(payload) > self.server.max_message_bytes:
+            raise Abort(Status.RESOURCE_EXHAUSTED,
+                        f"sent message larger than max ({len(payload)} vs. {self.server.max_message_bytes})")
+        self.grpc.send_messages(call.stream_id, [payload])
+        self.flush_soon()
+
+    async def _writable(self, call: _Call) -> None:
+        call.writable = self.loop.create_future()
+        try:
+            self.flush_soon()
+            await call.writable
+        finally:
+            call.writable = None
+
+    def _wake_writers(self) -> None:
+        if self._paused:
+            return
+        for call in self.calls.values():
+            writable = call.writable
+            if writable is None or writable.done():
+                continue
+            if self.grpc.pending_bytes(call.stream_id) <= SEND_LOW_WATER:
+                writable.set_result(None)
+
+    def _end(self, call: _Call, status: Status, message: str = "") -> None:
+        self.grpc.finish(call.stream_id, status, message)
+        self._forget(call)
+        self.flush_soon()
+
+    def _forget(self, call: _Call) -> None:
+        if self.calls.get(call.stream_id) is call:
+            del self.calls[call.stream_id]
+        if call.deadline_timer is not None:
+            call.deadline_timer.cancel()
+
+    def _expire(self, call: _Call) -> None:
+        call.expired = True
+        if call.task is not None:
+            call.task.cancel()
+        else:
+            self._end(call, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _cancel(self, stream_id: int) -> None:
+        call = self.calls.pop(stream_id, None)
+        if call is not None:
+            self._abandon(call)
+
+    def _abandon(self, call: _Call) -> None:
+        call.cancelled = True
+        if call.deadline_timer is not None:
+            call.deadline_timer.cancel()
+        if call.task is not None:
+            call.task.cancel()
+
+    def stop_calls(self) -> None:
+        """End every call still running (shutdown once its grace is over)."""
+        for call in list(self.calls.values()):
+            if call.task is not None:
+                call.task.cancel()
+            else:
+                self._end(call, Status.UNAVAILABLE, "the server is shutting down")
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def flush_soon(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.grpc.flush()
+        self._write()
+        self._wake_writers()
+
+    def _write(self) -> None:
+        data = self.grpc.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def go_away(self) -> None:
+        self.grpc.go_away()
+        self._flush()
+
+    def close_transport(self) -> None:
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _keepalive_due(self) -> None:
+        if self._ping_sent and not self._heard_from_client:
+            log.info("closing the connection from %s: no answer to a keepalive PING", self.peer)
+            self.stop_calls()
+            self.close_transport()
+            return
+        if not self._heard_from_client:
+            self._ping_sent = True
+            self.grpc.ping(os.urandom(8))
+            self._flush()
+        self._heard_from_client = False
+        delay = self.server.keepalive_timeout if self._ping_sent else self.server.keepalive_time
+        self._keepalive = self.loop.call_later(delay, self._keepalive_due)
+
+
+class GrpcServer:
+    """A gRPC server for the given methods: ``bind``, then ``start`` (once the methods are added),
+    then ``stop``."""
+
+    def __init__(
+        self,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
+        keepalive_time: float = KEEPALIVE_TIME,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    ) -> None:
+        self.methods: dict[str, Method] = {}
+        self.max_message_bytes = max_message_bytes
+        self.keepalive_time, self.keepalive_timeout = keepalive_time, keepalive_timeout
+        self.connections: set[_Connection] = set()
+        self.closing = False
+        self._ssl = ssl_context
+        self._server: asyncio.Server | None = None
+
+    def add(self, methods: Iterable[Method]) -> None:
+        for method in methods:
+            self.methods[method.path] = method
+
+    async def bind(self, host: str, port: int) -> int:
+        """Bind ``host``:``port`` (0: a free port) without accepting yet; returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, ssl=self._ssl, start_serving=False, reuse_address=True,
+        )
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        assert self._server is not None, "bind first"
+        await self._server.start_serving()
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new connections and calls (GOAWAY), give running calls ``grace`` seconds to end,
+        then end the rest (UNAVAILABLE) and close every connection."""
+        if self._server is None:
+            return
+        self.closing = True
+        self._server.close()
+        for connection in list(self.connections):
+            connection.go_away()
+        running = self._call_tasks()
+        if running:
+            await asyncio.wait(running, timeout=grace)
+        for connection in list(self.connections):
+            connection.stop_calls()
+        stopping = self._call_tasks()
+        if stopping:
+            await asyncio.wait(stopping, timeout=1.0)  # each sends its status as it ends
+        for connection in list(self.connections):
+            connection.close_transport()
+
+    def _call_tasks(self) -> set[asyncio.Task[None]]:
+        return {call.task for connection in self.connections for call in connection.calls.values()
+                if call.task is not None}
+
+
+def _peer_name(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+    return str(address or "")
+
+
+def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """TLS for the server, offering only HTTP/2 (ALPN "h2"), as gRPC requires."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    context.set_alpn_protocols(["h2"])
+    return context
