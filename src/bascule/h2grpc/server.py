@@ -38,7 +38,6 @@ KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
 KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
 SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued for its call
 SEND_LOW_WATER = 256 << 10
-ACK_BATCH = 64 << 10  # received bytes acknowledged (windows reopened) in batches of this size
 
 
 class Framed(bytes):
@@ -76,7 +75,7 @@ class CallContext:
 
 class _Call:
     __slots__ = (
-        "stream_id", "method", "context", "task", "inbox", "inbox_waiter", "requests_ended", "unacked",
+        "stream_id", "method", "context", "task", "inbox", "inbox_waiter", "requests_ended",
         "deadline_timer", "expired", "cancelled", "writable",
     )
 
@@ -88,7 +87,6 @@ class _Call:
         self.inbox: collections.deque[tuple[bytes, int]] = collections.deque()  # (message, flow bytes)
         self.inbox_waiter: asyncio.Future[None] | None = None
         self.requests_ended = False
-        self.unacked = 0
         self.deadline_timer: asyncio.TimerHandle | None = None
         self.expired = False
         self.cancelled = False  # reset by the client, or the connection ended
@@ -227,11 +225,8 @@ class _Connection(asyncio.Protocol):
             call.inbox_waiter.set_result(None)
 
     def consumed(self, call: _Call, flow_size: int) -> None:
-        call.unacked += flow_size
-        if call.unacked >= ACK_BATCH or not call.inbox:
-            self.grpc.acknowledge(call.stream_id, call.unacked)
-            call.unacked = 0
-            self.flush_soon()
+        self.grpc.acknowledge(call.stream_id, flow_size)  # batched into WINDOW_UPDATEs there
+        self.flush_soon()
 
     def _requests_ended(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)

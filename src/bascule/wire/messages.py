@@ -81,13 +81,15 @@ class MessageEncoder:
             body = position + HEADER_SIZE
             end = body + body_size
             key_length, value_length = unpack_lengths(chunk, body)
-            if key_length < 0:
+            if key_length == -1:
                 key = None
                 value_start = body + 8
-            else:
+            elif 0 <= key_length <= body_size - 10:
                 key = chunk[body + 4:body + 4 + key_length]
                 (value_length,) = unpack_uint32(chunk, body + 4 + key_length)
                 value_start = body + 8 + key_length
+            else:
+                raise CorruptEntry(f"entry at offset {offset} has a bad key length {key_length}")
             value_end = value_start + value_length
             if value_end + 2 > end or end > size:
                 raise CorruptEntry(f"entry at offset {offset}: its key and value overrun its body")
