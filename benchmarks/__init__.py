@@ -27,8 +27,15 @@ Scenarios (100-byte messages unless noted):
 - restart: RSS of a node with 100 idle partitions and around 1M captured messages and a full read; time
   from process start to serving a subscribe of the last of those messages (SIGTERM and SIGKILL).
 
+The gRPC figures of acked_r3 and consume_r3 come twice: ``grpc_*`` from a Python grpc.aio client
+(itself the bottleneck, at 10-20k messages/s) and ``node_grpc_*`` from a Node @grpc/grpc-js client
+(``benchmarks/node/grpc_bench.js``; ``npm ci`` runs once per run when its node_modules is missing,
+and the metrics are skipped, with the reason printed, without node or npm). ``benchmarks/grpc_stacks.py``
+measures the floor of each Python gRPC server stack (grpcio, bascule.h2grpc, grpclib) with that client.
+
 The modules: ``run`` (the command), ``scenarios`` (the table of scenarios) with their bodies in
 ``throughput``, ``failover`` and ``restart``; ``trials`` and ``measure`` (a trial and its measured phase);
 ``systems`` (bascule and JetStream started and driven); ``workers`` (the harness's side of the worker
-processes) and ``worker_process`` (theirs); ``metrics``, ``environment``, ``profiling``, ``report``.
+processes) and ``worker_process`` (theirs); ``node_client`` (the Node client's setup and runs);
+``metrics``, ``environment``, ``profiling``, ``report``.
 """

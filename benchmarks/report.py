@@ -20,6 +20,7 @@ METRICS: dict[str, tuple[str, bool]] = {
     "acked_rate": ("msg/s", True),
     "grpc_rate": ("msg/s", True),
     "nats_rate": ("msg/s", True),
+    "node_grpc_rate": ("msg/s", True),
     "publish_rate": ("msg/s", True),
     "p50_ms": ("ms", False),
     "p99_ms": ("ms", False),
@@ -28,6 +29,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "grpc_p99_ms": ("ms", False),
     "nats_p50_ms": ("ms", False),
     "nats_p99_ms": ("ms", False),
+    "node_grpc_p50_ms": ("ms", False),
+    "node_grpc_p99_ms": ("ms", False),
     "acked_p50_ms": ("ms", False),
     "acked_p99_ms": ("ms", False),
     "server_cpu_us_per_msg": ("CPU us/msg", False),
@@ -35,6 +38,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "acked_cpu_us_per_msg": ("CPU us/msg", False),
     "grpc_cpu_us_per_msg": ("CPU us/msg", False),
     "nats_cpu_us_per_msg": ("CPU us/msg", False),
+    "node_grpc_cpu_us_per_msg": ("CPU us/msg", False),
+    "node_grpc_server_cpu_us_per_msg": ("CPU us/msg", False),
     "failover_median_s": ("s", False),
     "failover_worst_s": ("s", False),
     "rss_start_mib": ("MiB", False),
@@ -127,7 +132,9 @@ def _cells(row: dict[str, Any], missing: str) -> list[str]:
 
 def format_table(report: dict[str, Any]) -> str:
     out = []
-    header = (f"{'scenario':<11} {'metric':<22} {'unit':<11} {'bascule':>17} {'JetStream':>17} {'NATS':>17} "
+    labels = [row["metric"] for entry in report["scenarios"].values() for row in entry.get("summary", [])]
+    width = max([22, *map(len, labels)])
+    header = (f"{'scenario':<11} {'metric':<{width}} {'unit':<11} {'bascule':>17} {'JetStream':>17} {'NATS':>17} "
               f"{'b/JS':>7}")
     out.append(header)
     out.append("-" * len(header))
@@ -137,7 +144,7 @@ def format_table(report: dict[str, Any]) -> str:
             cells = _cells(row, "-")
             ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
             better = "" if row["ratio"] is None else ("^" if row["higher_is_better"] else "v")
-            out.append(f"{name:<11} {row['metric']:<22} {row['unit']:<11} {cells[0]:>17} {cells[1]:>17} "
+            out.append(f"{name:<11} {row['metric']:<{width}} {row['unit']:<11} {cells[0]:>17} {cells[1]:>17} "
                        f"{cells[2]:>17} {ratio:>6}{better}")
         if errors:
             out.append(f"{name:<11} ({errors} failed trial(s): see the log or --json)")

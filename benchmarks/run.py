@@ -24,6 +24,7 @@ if __package__ in (None, ""):
 if find_spec("bascule") is None:  # a checkout without the package installed
     sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 
+from benchmarks import node_client  # noqa: E402
 from benchmarks.environment import machine_info, versions  # noqa: E402
 from benchmarks.harness import BASCULE, JETSTREAM, NATS, BenchError, Context, log, now  # noqa: E402
 from benchmarks.metrics import loadavg  # noqa: E402
@@ -130,6 +131,9 @@ async def run(args: argparse.Namespace, profiler: Profiler | None) -> dict[str, 
         "workdir": str(base),
     }
     log(f"benchmarks: scenarios {', '.join(args.scenario)}; {args.trials} trial(s); work dir {base}")
+    if BASCULE in args.system and any(SCENARIOS[name].node_client for name in args.scenario):
+        # once per run, before any server starts: node found, npm ci if node_modules is missing
+        report["node_client"] = (await node_client.prepare()).summary()
     try:
         for name in args.scenario:
             profiled = name in args.profile_scenarios if args.profile_scenarios else SCENARIOS[name].profile
@@ -196,6 +200,9 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"machine: {report['machine']['nproc']} x {report['machine']['cpu_model']}; load average "
           f"{report['machine']['loadavg_at_start']} -> {report['machine']['loadavg_at_end']}", file=out)
     print(format_table(report), file=out)
+    node = report.get("node_client")
+    if node is not None and not node["available"]:
+        print(f"node_grpc_* metrics skipped: {node['reason']}", file=out)
     if report.get("profiles"):
         print(f"\nprofiles (raw collapsed stacks and full summaries in {args.profile}):", file=out)
         for label, summary in report["profiles"].items():

@@ -30,6 +30,7 @@ class Scenario:
     # differ; the ratio is bascule / JetStream.
     rows: tuple[str | tuple[str, str, str], ...] = ("rate",)
     profile: bool = False
+    node_client: bool = False  # runs benchmarks/node/grpc_bench.js against bascule (node_grpc_* metrics)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -45,13 +46,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
               ("nats_rate", "nats_rate", "rate"), ("nats_p50_ms", "nats_p50_ms", "p50_ms"),
               ("nats_p99_ms", "nats_p99_ms", "p99_ms"), ("nats_cpu_us_per_msg", "nats_cpu_us_per_msg",
                                                          "server_cpu_us_per_msg"),
-              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True),
+              ("node_grpc_rate", "node_grpc_rate", "rate"), ("node_grpc_p50_ms", "node_grpc_p50_ms", "p50_ms"),
+              ("node_grpc_p99_ms", "node_grpc_p99_ms", "p99_ms"),
+              ("node_grpc_cpu_us_per_msg", "node_grpc_cpu_us_per_msg", "server_cpu_us_per_msg"),
+              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True, node_client=True),
     Scenario("consume_r3", "consume: read a prefilled R3 stream from the start (bascule's client; gRPC Subscribe)",
              (BASCULE, JETSTREAM), run_consume_r3,
              ("rate", "first_ms", "server_cpu_us_per_msg", ("grpc_rate", "grpc_rate", "rate"),
               ("grpc_first_ms", "grpc_first_ms", "first_ms"),
               ("grpc_server_cpu_us_per_msg", "grpc_server_cpu_us_per_msg", "server_cpu_us_per_msg"),
-              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True),
+              ("node_grpc_rate", "node_grpc_rate", "rate"),
+              ("node_grpc_server_cpu_us_per_msg", "node_grpc_server_cpu_us_per_msg", "server_cpu_us_per_msg"),
+              "grpc_floor_rate", "grpc_floor_cpu_us_per_msg"), True, node_client=True),
     Scenario("durable_r1", "durable R1: fsync before ack (sync=always / sync_interval: always)",
              (BASCULE, JETSTREAM), run_durable_r1,
              ("capture_rate", "capture_cpu_us_per_msg",

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks import node_client
 from benchmarks.harness import BASCULE, JETSTREAM, STREAM_SUBJECT_PREFIX, BenchError, Context, log, now
 from benchmarks.measure import (
     acked_run,
@@ -85,7 +86,8 @@ async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str
                          sync_always: bool = False, count: int | None = None,
                          variants: Sequence[str] = ("grpc", "nats"), grpc_floor: bool = False) -> list[dict[str, Any]]:
     """Pipelined ack-ALL publishes, `--window` in flight: bascule through each of `variants` (gRPC
-    PublishAsync, envelopes over NATS), JetStream through js.publish_async."""
+    PublishAsync from grpc.aio, envelopes over NATS, "node_grpc": PublishAsync from the Node client),
+    JetStream through js.publish_async."""
     count = count or ctx.counts["acked"]
     if system == BASCULE:
         return await _acked_bascule(ctx, replicas, scenario, sync_always, count, variants, grpc_floor)
@@ -95,12 +97,26 @@ async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str
 async def _acked_bascule(ctx: Context, replicas: int, scenario: str, sync_always: bool, count: int,
                          variants: Sequence[str], grpc_floor: bool) -> list[dict[str, Any]]:
     window, size = ctx.args.window, ctx.payload_size
+    node = await node_client.prepare() if "node_grpc" in variants else None
+    if node is not None and not node.ok:
+        variants = [v for v in variants if v != "node_grpc"]  # prepare() said why
     async with BasculeSystem(ctx, f"{scenario}-bascule", replicas, _sync_config(sync_always)) as sys_:
 
         async def run_variant(n: int, profiled: bool, variant: str) -> dict[str, Any]:
             stream, subject = f"ack{n}{variant}", f"{STREAM_SUBJECT_PREFIX}.ack{n}{variant}"
             await sys_.create_stream(stream, subject, replicas)
             leader = await sys_.leader_of(stream)
+            if variant == "node_grpc":
+                assert node is not None
+                async with maybe_profile(ctx, f"{scenario}-{variant}", sys_.node_pids(), profiled):
+                    result = await node_client.node_publish(
+                        node, sys_.address_of(leader), stream, count, window, size, "ALL", sys_.server_pids(),
+                        timeout=ctx.args.stall_timeout + count / 100)
+                await sys_.client().delete_stream(stream)
+                return {"node_grpc_rate": result["rate"], "node_grpc_p50_ms": result["p50_ms"],
+                        "node_grpc_p99_ms": result["p99_ms"], "node_grpc_max_ms": result["max_ms"],
+                        "node_grpc_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                        "node_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
             if variant == "grpc":
                 kind = "bascule_acked_grpc"
                 spec = {"address": sys_.address_of(leader), "stream": stream, "partition": 0}
@@ -151,7 +167,7 @@ async def _acked_jetstream(ctx: Context, replicas: int, scenario: str, sync_alwa
 
 
 async def run_acked_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
-    return await acked_scenario(ctx, system, 3, "acked_r3", grpc_floor=True)
+    return await acked_scenario(ctx, system, 3, "acked_r3", variants=("grpc", "nats", "node_grpc"), grpc_floor=True)
 
 
 async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
@@ -163,6 +179,7 @@ async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
 
 async def _consume_bascule(ctx: Context, scenario: str) -> list[dict[str, Any]]:
     count, stall = ctx.counts["consume"], ctx.args.stall_timeout
+    node = await node_client.prepare()
     async with BasculeSystem(ctx, f"{scenario}-bascule", 3, {}) as sys_:
         stream, subject = "consume", f"{STREAM_SUBJECT_PREFIX}.consume"
         base = await sys_.create_stream(stream, subject, 3)
@@ -180,11 +197,20 @@ async def _consume_bascule(ctx: Context, scenario: str) -> list[dict[str, Any]]:
             async with maybe_profile(ctx, f"{scenario}-grpc", sys_.node_pids(), profiled):
                 grpc_metrics = await consume_run(ctx, "bascule_consume_grpc", spec, total,
                                                  f"{scenario}-{n}-grpc", sys_.server_pids())
+            node_metrics: dict[str, Any] = {}
+            if node.ok:
+                async with maybe_profile(ctx, f"{scenario}-node-grpc", sys_.node_pids(), profiled):
+                    result = await node_client.node_subscribe(
+                        node, sys_.address_of(leader), stream, total, sys_.server_pids(),
+                        timeout=stall + total / 1000)
+                node_metrics = {"node_grpc_rate": result["rate"], "node_grpc_first_ms": result["first_ms"],
+                                "node_grpc_server_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                                "node_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
             async with grpc_floor_server(ctx, total, f"{scenario}-{n}-grpc-floor") as (address, pid):
                 reader = {"address": address, "stream": "floor", "partition": 0, "count": total}
                 floor = await consume_run(ctx, "bascule_consume_grpc", reader, total,
                                           f"{scenario}-{n}-grpc-floor", [pid])
-            return {**metrics, **{f"grpc_{name}": value for name, value in grpc_metrics.items()},
+            return {**metrics, **{f"grpc_{name}": value for name, value in grpc_metrics.items()}, **node_metrics,
                     "grpc_floor_rate": floor["rate"], "grpc_floor_cpu_us_per_msg": floor["server_cpu_us_per_msg"]}
 
         return await run_trials(ctx, scenario, BASCULE, trial)

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from bascule.metadata.state import MetadataState
 from bascule.partition.replica import PartitionReplica
+from bascule.wire.capture import AckRequest, BurstOutcome
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
 
-# Told how one publish ended: (ack, None) on success, (None, error) otherwise.
-AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
 # "stream/partition" -> (log end offset, HW, epoch of the last entry)
 ReplicaReport = dict[str, tuple[int, int, int]]
 
@@ -55,9 +53,9 @@ class Publishing(Protocol):
     @property
     def max_message_bytes(self) -> int: ...
 
-    def submit(
-        self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        on_ack: AckOutcome,
+    def submit_burst(
+        self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[AckRequest],
+        on_acks: BurstOutcome,
     ) -> None: ...
 
     async def publish(

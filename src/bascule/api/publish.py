@@ -7,12 +7,17 @@ partition's NATS subject, as Liftbridge forwards it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import grpc
 
-from bascule.api.ports import AckOutcome, Cluster, LedPartition, Publishing, Replicas
+from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
+from bascule.h2grpc import Framed
+from bascule.h2grpc.messages import frame
+from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import publish_subject_error
 from bascule.wire.pb import api_pb2
@@ -21,7 +26,8 @@ from bascule.wire.pb import api_pb2
 MAX_HEADERS = 65535 - 2
 MAX_HEADER_NAME_BYTES = 65535
 
-Respond = Callable[[api_pb2.PublishResponse | None], None]
+# Serialized responses, and how many requests they (and any ack-NONE publishes) answer.
+Respond = Callable[[list[bytes], int], None]
 
 
 class PublishRPCs:
@@ -90,43 +96,64 @@ class PublishRPCs:
             raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, problem, "BAD_REQUEST")
 
     async def PublishAsync(self, request_iterator, context):
-        """Requests are appended from callbacks, without a task each (a task costs more than the
-        append); only those that must resume a partition or go to another node get one, owned by
+        """Requests are appended without a task each: those ready together on a partition this
+        node leads go in one write with one callback (a burst), and their responses out in one
+        batch. Only those that must resume a partition or go to another node get a task, owned by
         this call."""
-        responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
+        ready: list[bytes] = []  # serialized responses not yet sent
+        wake = asyncio.Event()
         outstanding = 0
         reading = True
         slow: set[asyncio.Task[None]] = set()
 
-        def respond(response: api_pb2.PublishResponse | None) -> None:
+        def respond(responses: list[bytes], answered: int) -> None:
             nonlocal outstanding
-            if response is not None:
-                responses.put_nowait(response)
-            outstanding -= 1
-            if not reading and not outstanding:
-                responses.put_nowait(None)
+            ready.extend(responses)
+            outstanding -= answered
+            wake.set()
+
+        burst = _Burst(self.publishing, respond)
 
         async def read_requests() -> None:
             nonlocal outstanding, reading
-            async for request in request_iterator:
-                outstanding += 1
-                self._publish_async(request, respond, slow)
-            reading = False
-            if not outstanding:
-                responses.put_nowait(None)
+            try:
+                async for request in request_iterator:
+                    outstanding += 1
+                    self._publish_async(request, respond, burst, slow)
+            finally:
+                reading = False
+                wake.set()
 
         reader = asyncio.create_task(read_requests())
         try:
-            while (response := await responses.get()) is not None:
-                yield response
+            while True:
+                await wake.wait()
+                wake.clear()
+                if ready:
+                    batch = ready[:]
+                    ready.clear()
+                    yield Framed(frame(batch))
+                if reader.done() and not outstanding:
+                    reader.result()  # a request the client could not send ends the call with its error
+                    return
         finally:
             reader.cancel()
             for task in slow:
                 task.cancel()
 
-    def _publish_async(self, request: api_pb2.PublishRequest, respond: Respond, slow: set[asyncio.Task[None]]) -> None:
-        """Publish one PublishAsync request; ``respond`` gets its response (None: no ack wanted)."""
+    def _publish_async(
+        self, request: api_pb2.PublishRequest, respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
+    ) -> None:
+        """Publish one PublishAsync request; ``respond`` gets its response (none for ack NONE)."""
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE
+        try:
+            local = self._writable_leader(request)
+            if local is not None and local.replica.is_leader:
+                burst.add(local, _record(request, local), request)
+                return
+        except Exception as exc:  # refused
+            respond([_async_error(request, publish_failure(exc)).SerializeToString()] if wait else [], 1)
+            return
         answered = False
 
         def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
@@ -134,31 +161,20 @@ class PublishRPCs:
             if answered:
                 return
             answered = True
-            if error is None:
-                respond(api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId) if wait else None)
-            elif wait:
-                respond(_async_error(request, publish_failure(error)))
+            if not wait:
+                respond([], 1)  # an ack-NONE publish gets no answer, failed or not
+            elif error is None:
+                respond([api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId).SerializeToString()], 1)
             else:
-                respond(None)  # an ack-NONE publish gets no answer, failed or not
+                respond([_async_error(request, publish_failure(error)).SerializeToString()], 1)
 
-        try:
-            local = self._writable_leader(request)
-            if local is None or not local.replica.is_leader:
-                task = asyncio.create_task(self._publish_the_long_way(request, wait, acked))
-                slow.add(task)
-                task.add_done_callback(slow.discard)
-                return
-            record = _record(request, local)
-            if wait:
-                self.publishing.submit(local.replica, local.subject, record, request.ackPolicy,
-                                       request.correlationId, acked)
-            else:
-                local.replica.submit([record])
-                acked(None, None)
-        except Exception as exc:  # refused, or leadership ended since the metadata was read
-            acked(None, exc)
+        task = asyncio.create_task(self._publish_the_long_way(request, wait, acked))
+        slow.add(task)
+        task.add_done_callback(slow.discard)
 
-    async def _publish_the_long_way(self, request: api_pb2.PublishRequest, wait: bool, acked: AckOutcome) -> None:
+    async def _publish_the_long_way(
+        self, request: api_pb2.PublishRequest, wait: bool, acked: capture.AckOutcome,
+    ) -> None:
         """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
         whatever happens (a cancelled stream included)."""
         try:
@@ -200,3 +216,43 @@ def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb
     return api_pb2.PublishResponse(
         correlationId=request.correlationId, asyncError=api_pb2.PublishAsyncError(code=code, message=error.message)
     )
+
+
+class _Burst:
+    """The PublishAsync requests of one call that arrive in one event-loop turn for partitions this
+    node leads: each run of them on one partition is appended in one write, acked in one callback."""
+
+    def __init__(self, publishing: Publishing, respond: Respond) -> None:
+        self._publishing = publishing
+        self._respond = respond
+        self._pending: list[tuple[LedPartition, Record, api_pb2.PublishRequest]] = []
+
+    def add(self, local: LedPartition, record: Record, request: api_pb2.PublishRequest) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append((local, record, request))
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for local, run in itertools.groupby(pending, key=lambda item: item[0]):
+            items = list(run)
+            requests = [request for _, _, request in items]
+            ack_requests = [
+                capture.AckRequest("", request.correlationId, request.ackPolicy, local.subject) for request in requests
+            ]
+            unanswered = sum(1 for request in requests if request.ackPolicy == api_pb2.AckPolicy.NONE)
+            try:
+                self._publishing.submit_burst(local.replica, local.subject, [record for _, record, _ in items],
+                                              ack_requests, partial(self._acked, requests))
+            except Exception as exc:  # leadership ended since the requests were read
+                self._acked(requests, [i for i, r in enumerate(requests) if r.ackPolicy != api_pb2.AckPolicy.NONE],
+                            None, exc)
+            if unanswered:
+                self._respond([], unanswered)  # ack NONE: answered by being appended
+
+    def _acked(self, requests: list[api_pb2.PublishRequest], indices: list[int], responses: list[bytes] | None,
+               error: BaseException | None) -> None:
+        if responses is None:
+            failure = publish_failure(error or RuntimeError("no ack"))
+            responses = [_async_error(requests[index], failure).SerializeToString() for index in indices]
+        self._respond(responses, len(indices))

@@ -16,6 +16,8 @@ connection (GOAWAY with the RFC's error code), never the server.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from bascule.h2grpc.messages import (
 )
 from bascule.h2grpc.status import Status
 
-Metadata = tuple[tuple[str, str], ...]
+Metadata = tuple[tuple[str, str | bytes], ...]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # Windows large enough that flow control never stalls a fast peer on a loopback or LAN link, small
@@ -355,10 +357,8 @@ class GrpcConnection:
         for name, value in headers:
             if name.startswith(":"):
                 pseudo[name] = value
-            elif name in values:
-                values[name] += "," + value
             else:
-                values[name] = value
+                values.setdefault(name, value)
         if any(name != name.lower() for name in values):
             self._reset(stream_id, PROTOCOL_ERROR)  # HTTP/2 header names are lowercase
             return
@@ -388,7 +388,12 @@ class GrpcConnection:
             send_window=self._peer_window,
         )
         self._streams[stream_id] = stream
-        metadata = tuple((name, value) for name, value in values.items() if name not in _RESERVED_HEADERS)
+        try:
+            metadata = tuple(_metadata(name, value) for name, value in headers
+                             if not name.startswith(":") and name not in _RESERVED_HEADERS)
+        except (ValueError, binascii.Error) as error:
+            self._refuse(stream_id, flags, Status.INTERNAL, f"bad binary metadata: {error}")
+            return
         events.append(CallStarted(stream_id, pseudo.get(":path", ""), metadata, timeout))
         if flags & END_STREAM:
             self._remote_end(stream_id, stream, events)
@@ -588,6 +593,13 @@ class GrpcConnection:
         for start in range(limit, len(block), limit):
             last = start + limit >= len(block)
             self._frame(CONTINUATION, END_HEADERS if last else 0, stream_id, block[start:start + limit])
+
+
+def _metadata(name: str, value: str) -> tuple[str, str | bytes]:
+    """A header as gRPC metadata: binary ("-bin") values base64-decoded, as grpc.aio gives them."""
+    if name.endswith("-bin"):
+        return name, base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+    return name, value
 
 
 def _unpadded(payload: bytes, flags: int) -> bytes:

@@ -22,6 +22,7 @@ PREFIX_SIZE = PREFIX.size
 # grpc-timeout: at most 8 digits and a unit (the gRPC over HTTP/2 spec).
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # Printable ASCII but "%" passes; the rest is percent-encoded (grpc-message, the spec's rule).
+MAX_STATUS_MESSAGE = 4096
 _MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
@@ -129,7 +130,14 @@ def parse_timeout(value: str) -> float:
 
 
 def encode_status_message(text: str) -> str:
-    return quote(text, safe=_MESSAGE_SAFE)
+    """``text`` percent-encoded for grpc-message, cut to a size any client's header limit takes."""
+    encoded = quote(text, safe=_MESSAGE_SAFE)
+    if len(encoded) > MAX_STATUS_MESSAGE:
+        encoded = encoded[:MAX_STATUS_MESSAGE]
+        cut = encoded.rfind("%", len(encoded) - 2)
+        if cut >= 0:
+            encoded = encoded[:cut]  # not half an escape
+    return encoded
 
 
 def decode_status_message(value: str) -> str:

@@ -216,12 +216,18 @@ class _Connection(asyncio.Protocol):
             return
         messages = event.messages
         inbox = call.inbox
+        if not call.method.client_streaming:
+            self.consumed(call, event.flow_size)
+            if len(inbox) + len(messages) > 1:
+                # Refused now, not at the end: whatever a client sends, one call holds one message.
+                self._end(call, Status.INTERNAL, "expected one request message, got more")
+            elif call.task is None:
+                inbox.append((messages[0], 0))
+            return
         for message in messages[:-1]:
             inbox.append((message, 0))
         inbox.append((messages[-1], event.flow_size))
-        if not call.method.client_streaming:
-            self.consumed(call, event.flow_size)  # one message, bounded by the size limit
-        elif call.inbox_waiter is not None and not call.inbox_waiter.done():
+        if call.inbox_waiter is not None and not call.inbox_waiter.done():
             call.inbox_waiter.set_result(None)
 
     def consumed(self, call: _Call, flow_size: int) -> None:

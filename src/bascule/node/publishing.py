@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from functools import partial
 
 from bascule.metadata.raft import MetadataError, MetadataRaft
 from bascule.metadata.state import NOT_FOUND
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.node.capture import when_ackable
-from bascule.partition.replica import PartitionReplica, settle
+from bascule.partition.replica import NotLeader, PartitionReplica, settle
 from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject
@@ -26,8 +25,6 @@ ACK_TIMEOUT = 30.0
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
 
-# Told how one publish ended: (ack, None) on success, (None, error) otherwise.
-AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
 
 
 class PublishPath:
@@ -44,7 +41,7 @@ class PublishPath:
 
     def submit(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        on_ack: AckOutcome,
+        on_ack: capture.AckOutcome,
     ) -> None:
         """Append to a partition this node leads, whose messages carry ``subject``; ``on_ack``
         gets the ack once written (committed, under ack policy ALL), or the error."""
@@ -65,6 +62,41 @@ class PublishPath:
                 on_ack(None, error)
 
         replica.submit([record], written, API_WRITE_LINGER)
+
+    def submit_burst(
+        self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[capture.AckRequest],
+        on_acks: capture.BurstOutcome,
+    ) -> None:
+        """Append the records of a burst of API publishes (``requests[i]`` asked for ``records[i]``)
+        to a partition this node leads, in one write with one callback; ``on_acks`` gets the
+        serialized PublishResponses of the acked ones, those acked on write and those acked on
+        commit in separate calls, or their indices and the error."""
+        reception = time.time_ns()
+        acked = [(index, request) for index, request in enumerate(requests) if request.policy != capture.NONE]
+        if not acked:
+            replica.submit(records)
+            return
+
+        def ackable(first: int, group: list[tuple[int, capture.AckRequest]], _: int | None,
+                    error: BaseException | None) -> None:
+            if error is not None:
+                on_acks([index for index, _ in group], None, error)
+            else:
+                on_acks([index for index, _ in group], capture.encode_publish_responses(
+                    replica.stream, subject, first, group, reception, time.time_ns()), None)
+
+        def written(first: int | None, error: BaseException | None) -> None:
+            if error is not None or first is None:
+                on_acks([index for index, _ in acked], None, error or NotLeader("not written"))
+                return
+            on_write = [ack for ack in acked if ack[1].policy != capture.ALL]
+            on_commit = [ack for ack in acked if ack[1].policy == capture.ALL]
+            for group in (on_write, on_commit):
+                if group:
+                    last_index, request = group[-1]
+                    when_ackable(replica, request.policy, first + last_index, partial(ackable, first, group))
+
+        replica.submit(records, written, API_WRITE_LINGER)
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,

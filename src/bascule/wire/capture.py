@@ -8,10 +8,12 @@ whole as the value, because plain publishers must never lose a message to parsin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bascule.wire import envelope
 from bascule.wire.entry import Record, encode_headers
+from bascule.wire.messages import varint
 from bascule.wire.names import is_protocol_token
 from bascule.wire.pb import api_pb2
 
@@ -27,6 +29,12 @@ class AckRequest:
     policy: api_pb2.AckPolicy
     msg_subject: str
 
+
+# Told how one publish ended: (ack, None) on success, (None, error) otherwise.
+AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
+# Told how a burst's acks of one kind ended: (their indices, their PublishResponses, None), or
+# (their indices, None, error).
+BurstOutcome = Callable[[list[int], list[bytes] | None, BaseException | None], None]
 
 HEADER_CACHE_SIZE = 4096
 _header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
@@ -134,14 +142,50 @@ def encode_acks(
     reception_ns: int,
     commit_ns: int,
 ) -> list[tuple[str, bytes]]:
-    """(inbox, enveloped Ack) for each ack of a batch whose first record is at ``first_offset``.
-
-    The fields a batch's acks share are serialized once and appended to each ack's own
-    fields: protobuf parses concatenated encodings as one message with every field set.
-    """
+    """(inbox, enveloped Ack) for each ack of a batch whose first record is at ``first_offset``."""
     header = envelope.header(envelope.MsgType.ACK)
+    return [
+        (request.inbox, header + ack)
+        for request, ack in _encoded_acks(stream, partition_subject, first_offset, acks, reception_ns, commit_ns)
+    ]
+
+
+def encode_publish_responses(
+    stream: str,
+    partition_subject: str,
+    first_offset: int,
+    acks: list[tuple[int, AckRequest]],
+    reception_ns: int,
+    commit_ns: int,
+) -> list[bytes]:
+    """A serialized PublishResponse (its Ack and correlation id) for each ack of a burst of API
+    publishes whose first record is at ``first_offset``."""
+    responses = []
+    for request, ack in _encoded_acks(stream, partition_subject, first_offset, acks, reception_ns, commit_ns):
+        correlation_id = request.correlation_id.encode()
+        response = _RESPONSE_ACK + varint(len(ack)) + ack
+        if correlation_id:
+            response += _RESPONSE_CORRELATION_ID + varint(len(correlation_id)) + correlation_id
+        responses.append(response)
+    return responses
+
+
+_RESPONSE_ACK, _RESPONSE_CORRELATION_ID = b"\x0a", b"\x1a"  # PublishResponse fields 1 and 3
+_ACK_OFFSET, _ACK_INBOX, _ACK_CORRELATION_ID = b"\x20", b"\x2a", b"\x32"  # Ack fields 4, 5 and 6
+
+
+def _encoded_acks(
+    stream: str,
+    partition_subject: str,
+    first_offset: int,
+    acks: list[tuple[int, AckRequest]],
+    reception_ns: int,
+    commit_ns: int,
+) -> Iterator[tuple[AckRequest, bytes]]:
+    """Each ack's request and serialized Ack. The fields a batch's acks share are serialized once
+    and appended to each ack's own fields: protobuf parses concatenated encodings as one message
+    with every field set."""
     shared: dict[tuple[str, int], bytes] = {}
-    encoded = []
     for index, request in acks:
         common = shared.get((request.msg_subject, request.policy))
         if common is None:
@@ -149,8 +193,10 @@ def encode_acks(
                 stream=stream, partitionSubject=partition_subject, msgSubject=request.msg_subject,
                 ackPolicy=request.policy, receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
             ).SerializeToString()
-        own = api_pb2.Ack(
-            offset=first_offset + index, ackInbox=request.inbox, correlationId=request.correlation_id
-        ).SerializeToString()
-        encoded.append((request.inbox, header + own + common))
-    return encoded
+        own = [_ACK_OFFSET, varint(first_offset + index)]
+        for tag, text in ((_ACK_INBOX, request.inbox), (_ACK_CORRELATION_ID, request.correlation_id)):
+            if text:
+                encoded = text.encode()
+                own += (tag, varint(len(encoded)), encoded)
+        own.append(common)
+        yield request, b"".join(own)
