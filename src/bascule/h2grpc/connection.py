@@ -273,15 +273,9 @@ class GrpcConnection:
                 raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             self._give_back(size)  # a call already over: only the connection's window matters
             return
-        if stream.remote_closed:
-            self._reset(stream_id, STREAM_CLOSED)
+        if stream.remote_closed or size > stream.receive_window:
+            self._stream_error(stream_id, STREAM_CLOSED if stream.remote_closed else FLOW_CONTROL_ERROR, events)
             self._give_back(size)
-            events.append(CallCancelled(stream_id))
-            return
-        if size > stream.receive_window:
-            self._reset(stream_id, FLOW_CONTROL_ERROR)
-            self._give_back(size)
-            events.append(CallCancelled(stream_id))
             return
         stream.receive_window -= size
         data = _unpadded(payload, flags) if flags & PADDED else payload
@@ -335,16 +329,16 @@ class GrpcConnection:
         except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError) as error:
             raise _ConnectionError(COMPRESSION_ERROR, f"undecodable header block: {error}") from None
         stream = self._streams.get(stream_id)
-        if stream is not None:  # trailers from the client: they may only end the stream
-            if not flags & END_STREAM:
-                self._reset(stream_id, PROTOCOL_ERROR)
-                self._streams.pop(stream_id, None)
-                events.append(CallCancelled(stream_id))
+        if stream is not None:  # trailers from the client: they may only end the stream, once
+            if stream.remote_closed or not flags & END_STREAM:
+                self._stream_error(stream_id, STREAM_CLOSED if stream.remote_closed else PROTOCOL_ERROR, events)
                 return
             self._remote_end(stream_id, stream, events)
             return
-        if stream_id <= self.highest_stream_id or stream_id % 2 == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, which cannot be opened")
+        if stream_id % 2 == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, which a client cannot open")
+        if stream_id <= self.highest_stream_id:
+            return  # a stream this side has closed: frames crossing its end are ignored (RFC 9113 5.1)
         self.highest_stream_id = stream_id
         if len(self._streams) >= MAX_CONCURRENT_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
@@ -363,7 +357,7 @@ class GrpcConnection:
             self._reset(stream_id, PROTOCOL_ERROR)  # HTTP/2 header names are lowercase
             return
         content_type = values.get("content-type", "")
-        if pseudo.get(":method") != "POST" or not content_type.startswith("application/grpc"):
+        if pseudo.get(":method") != "POST" or not _is_grpc(content_type):
             # Not gRPC at all: an HTTP answer, as the spec says (415 for the wrong content type).
             status = "405" if pseudo.get(":method") != "POST" else "415"
             self._send_headers(stream_id, [(":status", status)], end_stream=True)
@@ -381,6 +375,12 @@ class GrpcConnection:
             except ValueError as error:
                 self._refuse(stream_id, flags, Status.INTERNAL, str(error))
                 return
+        try:
+            metadata = tuple(_metadata(name, value) for name, value in headers
+                             if not name.startswith(":") and name not in _RESERVED_HEADERS)
+        except (ValueError, binascii.Error) as error:
+            self._refuse(stream_id, flags, Status.INTERNAL, f"bad binary metadata: {error}")
+            return
         compressed = encoding == "gzip"
         stream = _Stream(
             MessageReader(self._max_message_bytes, "gzip" if compressed else None),
@@ -388,15 +388,15 @@ class GrpcConnection:
             send_window=self._peer_window,
         )
         self._streams[stream_id] = stream
-        try:
-            metadata = tuple(_metadata(name, value) for name, value in headers
-                             if not name.startswith(":") and name not in _RESERVED_HEADERS)
-        except (ValueError, binascii.Error) as error:
-            self._refuse(stream_id, flags, Status.INTERNAL, f"bad binary metadata: {error}")
-            return
         events.append(CallStarted(stream_id, pseudo.get(":path", ""), metadata, timeout))
         if flags & END_STREAM:
             self._remote_end(stream_id, stream, events)
+
+    def _stream_error(self, stream_id: int, code: int, events: list[Event]) -> None:
+        self._reset(stream_id, code)
+        self._streams.pop(stream_id, None)
+        self._ready.discard(stream_id)
+        events.append(CallCancelled(stream_id))
 
     def _refuse(self, stream_id: int, flags: int, status: Status, message: str,
                 extra: Sequence[tuple[str, str]] = ()) -> None:
@@ -431,9 +431,7 @@ class GrpcConnection:
         if stream is None:
             return
         if increment == 0 or stream.send_window + increment > _MAX_WINDOW:
-            self._reset(stream_id, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR)
-            self._streams.pop(stream_id, None)
-            events.append(CallCancelled(stream_id))
+            self._stream_error(stream_id, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR, events)
             return
         stream.send_window += increment
         self._ready.add(stream_id)
@@ -593,6 +591,11 @@ class GrpcConnection:
         for start in range(limit, len(block), limit):
             last = start + limit >= len(block)
             self._frame(CONTINUATION, END_HEADERS if last else 0, stream_id, block[start:start + limit])
+
+
+def _is_grpc(content_type: str) -> bool:
+    """application/grpc, or application/grpc+<codec> or ;<parameters> (not grpc-web or the like)."""
+    return content_type == "application/grpc" or content_type.startswith(("application/grpc+", "application/grpc;"))
 
 
 def _metadata(name: str, value: str) -> tuple[str, str | bytes]:

@@ -12,7 +12,7 @@ import gzip
 import struct
 import zlib
 from collections.abc import Iterable
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 from bascule.h2grpc.status import Status
 
@@ -89,16 +89,20 @@ class MessageReader:
 def gunzip(data: bytes, max_bytes: int) -> bytes:
     """``data`` decompressed, refused (RESOURCE_EXHAUSTED) beyond ``max_bytes``: a small bomb
     must not become a large allocation."""
-    inflater = zlib.decompressobj(wbits=31)
-    try:
-        message = inflater.decompress(data, max_bytes + 1)
-    except zlib.error as error:
-        raise FramingError(INTERNAL, f"could not decompress a gzip message: {error}") from error
-    if len(message) > max_bytes:
-        raise FramingError(RESOURCE_EXHAUSTED, f"decompressed message larger than max ({max_bytes})")
-    if not inflater.eof:
-        raise FramingError(INTERNAL, "truncated gzip message")
-    return message
+    message = bytearray()
+    while True:  # a gzip stream may hold several members (RFC 1952), each decompressed in turn
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            message += inflater.decompress(data, max_bytes + 1 - len(message))
+        except zlib.error as error:
+            raise FramingError(INTERNAL, f"could not decompress a gzip message: {error}") from error
+        if len(message) > max_bytes:
+            raise FramingError(RESOURCE_EXHAUSTED, f"decompressed message larger than max ({max_bytes})")
+        if not inflater.eof:
+            raise FramingError(INTERNAL, "truncated gzip message")
+        data = inflater.unused_data
+        if not data:
+            return bytes(message)
 
 
 def frame(messages: Iterable[bytes]) -> bytes:
@@ -124,7 +128,7 @@ def frame_gzip(messages: Iterable[bytes]) -> bytes:
 def parse_timeout(value: str) -> float:
     """Seconds from a grpc-timeout value ("100m", "5S"); ValueError if it is not one."""
     digits, unit = value[:-1], value[-1:]
-    if not 1 <= len(digits) <= 8 or not digits.isdigit() or unit not in _TIMEOUT_UNITS:
+    if not 1 <= len(digits) <= 8 or not (digits.isascii() and digits.isdigit()) or unit not in _TIMEOUT_UNITS:
         raise ValueError(f"invalid grpc-timeout {value!r}")
     return int(digits) * _TIMEOUT_UNITS[unit]
 
@@ -137,6 +141,9 @@ def encode_status_message(text: str) -> str:
         cut = encoded.rfind("%", len(encoded) - 2)
         if cut >= 0:
             encoded = encoded[:cut]  # not half an escape
+        # Nor half a character: what is left decodes as UTF-8, the cut one dropped.
+        whole = unquote_to_bytes(encoded).decode("utf-8", errors="ignore")
+        encoded = quote(whole, safe=_MESSAGE_SAFE)
     return encoded
 
 
