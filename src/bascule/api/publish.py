@@ -7,9 +7,9 @@ partition's NATS subject, as Liftbridge forwards it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Callable, Mapping
-from functools import partial
 
 import grpc
 
@@ -88,6 +88,8 @@ class PublishRPCs:
         problem = None
         if size > limit:
             problem = f"message of {size} bytes exceeds the limit of {limit}"
+        elif not headers:
+            return
         elif len(headers) > MAX_HEADERS:
             problem = f"{len(headers)} headers exceed the limit of {MAX_HEADERS}"
         elif any(len(name.encode()) > MAX_HEADER_NAME_BYTES for name in headers):
@@ -145,7 +147,7 @@ class PublishRPCs:
         self, request: api_pb2.PublishRequest, respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
     ) -> None:
         """Publish one PublishAsync request; ``respond`` gets its response (none for ack NONE)."""
-        wait = request.ackPolicy != api_pb2.AckPolicy.NONE
+        wait = request.ackPolicy != capture.NONE
         try:
             local = self._writable_leader(request)
             if local is not None and local.replica.is_leader:
@@ -207,8 +209,16 @@ class PublishRPCs:
 
 def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
-    headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+    if request.headers:
+        headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+    else:
+        headers = _subject_headers(local.subject)  # shared: records' headers are only read
     return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+@functools.lru_cache(maxsize=4096)
+def _subject_headers(subject: str) -> dict[str, bytes]:
+    return {"subject": subject.encode(), "reply": b""}
 
 
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:
@@ -240,13 +250,12 @@ class _Burst:
             ack_requests = [
                 capture.AckRequest("", request.correlationId, request.ackPolicy, local.subject) for request in requests
             ]
-            unanswered = sum(1 for request in requests if request.ackPolicy == api_pb2.AckPolicy.NONE)
+            unanswered = sum(request.ackPolicy == capture.NONE for request in requests)
             try:
                 self._publishing.submit_burst(local.replica, local.subject, [record for _, record, _ in items],
-                                              ack_requests, partial(self._acked, requests))
+                                              ack_requests, functools.partial(self._acked, requests))
             except Exception as exc:  # leadership ended since the requests were read
-                self._acked(requests, [i for i, r in enumerate(requests) if r.ackPolicy != api_pb2.AckPolicy.NONE],
-                            None, exc)
+                self._acked(requests, [i for i, r in enumerate(requests) if r.ackPolicy != capture.NONE], None, exc)
             if unanswered:
                 self._respond([], unanswered)  # ack NONE: answered by being appended
 

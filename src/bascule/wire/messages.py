@@ -23,19 +23,16 @@ _GRPC_PREFIX = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, l
 _UINT32 = struct.Struct(">I")
 _CACHE_SIZE = 4096
 _NO_HEADERS = b"\x00\x00"
-_FOUR_GROUPS = 1 << 28  # a timestamp from here on has more than four 7-bit groups
+_FOUR_GROUPS = 1 << 28  # a number from here on has more than four 7-bit groups
 
-_ONE_BYTE = [bytes((n,)) for n in range(128)]
-_TWO_BYTES = [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, 1 << 14)]  # varints of 128..16383
+_SMALL_VARINTS = [bytes((n,)) for n in range(128)] + [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, 1 << 14)]
 _LOW_14_BITS = [bytes((n & 0x7F | 0x80, n >> 7 | 0x80)) for n in range(1 << 14)]  # 14 bits, more to come
 
 
 def varint(number: int) -> bytes:
     """Protobuf's base-128 varint of a number (a negative int64 as its two's complement)."""
-    if 0 <= number < 128:
-        return _ONE_BYTE[number]
     if 0 <= number < 16384:
-        return _TWO_BYTES[number - 128]
+        return _SMALL_VARINTS[number]
     if number < 0:
         number += 1 << 64
     out = bytearray()
@@ -54,7 +51,7 @@ class MessageEncoder:
     """Subscribe's responses for one partition's entries: serialized ``Message``s, each with its
     gRPC prefix."""
 
-    __slots__ = ("_call_fields", "_shared_fields", "_high_timestamps")
+    __slots__ = ("_call_fields", "_shared_fields")
 
     def __init__(self, stream: str, partition: int) -> None:
         self._call_fields = (_length_delimited(_STREAM, stream.encode()) if stream else b"") + (
@@ -62,18 +59,18 @@ class MessageEncoder:
         )
         # header block -> the call's fields and the encoded subject, reply subject and headers
         self._shared_fields: dict[bytes, bytes] = {}
-        # A timestamp's varint is its two low 14-bit groups, then the varint of the rest, which
-        # changes every quarter second: cached.
-        self._high_timestamps: dict[int, bytes] = {}
 
     def encode(self, chunk: bytes) -> bytes:
         """The framed Messages of every entry of the stored ``chunk`` (whole entries whose CRCs
         were checked as they were read). CorruptEntry for a body whose lengths do not add up."""
+        # Per entry, as few Python operations as the format allows: this loop is Subscribe's cost.
         parts: list[bytes] = []
         extend = parts.extend
         unpack_header, unpack_lengths, unpack_uint32 = ENTRY_HEADER.unpack_from, KEY_AND_VALUE_LENGTHS.unpack_from, \
             _UINT32.unpack_from
-        prefix, shared_fields = _GRPC_PREFIX.pack, self._shared_fields
+        prefix, shared_fields, small, low = _GRPC_PREFIX.pack, self._shared_fields, _SMALL_VARINTS, _LOW_14_BITS
+        last_block, shared = None, b""
+        last_timestamp, time_field = None, b""
         size = len(chunk)
         position = 0
         while position < size:
@@ -94,39 +91,23 @@ class MessageEncoder:
             if value_end + 2 > end or end > size:
                 raise CorruptEntry(f"entry at offset {offset}: its key and value overrun its body")
             block = chunk[value_end:end]
-            shared = shared_fields.get(block)
-            if shared is None:
-                shared = self._encode_shared_fields(block, offset)
-            offset_varint = varint(offset)
-            value_varint = varint(value_length)
-            time_parts: tuple[bytes, ...]
-            if timestamp >= _FOUR_GROUPS:
-                time_parts = _LOW_14_BITS[timestamp & 0x3FFF], _LOW_14_BITS[(timestamp >> 14) & 0x3FFF], \
-                    self._high_timestamp(timestamp >> 28)
-                time_length = 4 + len(time_parts[2])
-            else:
-                time_parts = (varint(timestamp),)
-                time_length = len(time_parts[0])
-            length = 3 + len(offset_varint) + len(value_varint) + value_length + time_length + len(shared)
+            if block != last_block:
+                last_block = block
+                shared = shared_fields.get(block) or self._encode_shared_fields(block, offset)
+            if timestamp != last_timestamp:  # a burst's entries share theirs
+                last_timestamp, time_field = timestamp, _TIMESTAMP + varint(timestamp)
+            head = _OFFSET + (small[offset] if offset < 16384 else
+                              low[offset & 0x3FFF] + small[offset >> 14] if offset < _FOUR_GROUPS else varint(offset))
+            head += _VALUE + (small[value_length] if value_length < 16384 else varint(value_length))
+            length = len(head) + value_length + len(time_field) + len(shared)
             if key:
-                key_varint = varint(key_length)
-                length += 1 + len(key_varint) + key_length
-                extend((prefix(0, length), _OFFSET, offset_varint, _KEY, key_varint, key))
+                key_field = _KEY + varint(key_length) + key
+                length += len(key_field)
+                extend((prefix(0, length), key_field, head, chunk[value_start:value_end], time_field, shared))
             else:
-                extend((prefix(0, length), _OFFSET, offset_varint))
-            extend((_VALUE, value_varint, chunk[value_start:value_end], _TIMESTAMP))
-            extend(time_parts)
-            parts.append(shared)
+                extend((prefix(0, length), head, chunk[value_start:value_end], time_field, shared))
             position = end
         return b"".join(parts)
-
-    def _high_timestamp(self, high: int) -> bytes:
-        encoded = self._high_timestamps.get(high)
-        if encoded is None:
-            if len(self._high_timestamps) >= _CACHE_SIZE:
-                self._high_timestamps.clear()
-            encoded = self._high_timestamps[high] = varint(high)
-        return encoded
 
     def _encode_shared_fields(self, block: bytes, offset: int) -> bytes:
         headers = decode_header_block(block, offset) if block != _NO_HEADERS else {}
