@@ -15,10 +15,13 @@
 #
 #   eval "$(compose/podman-setup.sh)"
 #
-# Options: --compose   also install podman-compose (PyPI's, in a venv under the cache dir) when missing
+# Options: --compose   also install podman-compose (PyPI's, in a venv under the cache dir) when missing, and
+#                      print BASCULE_RAFT_PASSWORD for compose.yaml: a random password made at the first
+#                      run and kept (0600) in the cache dir as raft-password
 #          --print-env only print the environment (no checks, no builds)
 # Environment:
-#   BASCULE_IMAGE_CACHE  cache dir (default ~/.cache/bascule-images): base image tar, wheels, build contexts
+#   BASCULE_IMAGE_CACHE  cache dir (default ~/.cache/bascule-images): base image tar, wheels, build contexts,
+#                        the compose cluster's Raft password
 #   BASCULE_BASE_IMAGE   a Python 3.11 image you already have, used instead of the locally made one
 #   PYTHON               the Python 3.11 with pip that makes the wheels (default: the repository's .venv)
 #   PODMAN_SOCKET        the API socket (default /run/podman/podman.sock)
@@ -68,6 +71,18 @@ source_tar() {
 SOURCE_HASH=$(source_tar | sha256sum | cut -c1-12)
 IMAGE=$IMAGE_REPO:src-$SOURCE_HASH
 
+# The compose cluster's Raft password (compose.yaml requires BASCULE_RAFT_PASSWORD): made once, readable
+# by this user only, and the same at every run, so that the cluster's nodes keep agreeing on it.
+RAFT_PASSWORD_FILE=$CACHE/raft-password
+raft_password() {
+    if [ ! -s "$RAFT_PASSWORD_FILE" ]; then
+        mkdir -p "$CACHE"
+        (umask 077; head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$RAFT_PASSWORD_FILE.tmp")
+        mv "$RAFT_PASSWORD_FILE.tmp" "$RAFT_PASSWORD_FILE"
+    fi
+    cat "$RAFT_PASSWORD_FILE"
+}
+
 print_env() {
     cat <<EOF
 export DOCKER_HOST=unix://$SOCKET
@@ -76,6 +91,9 @@ export TESTCONTAINERS_CONNECTION_MODE=docker_host
 export BASCULE_IMAGE=$IMAGE
 export BASCULE_NATS_IMAGE=$NATS_IMAGE
 EOF
+    if $with_compose; then
+        echo "export BASCULE_RAFT_PASSWORD=$(raft_password)"
+    fi
 }
 if $print_only; then print_env; exit 0; fi
 

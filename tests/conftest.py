@@ -1,5 +1,7 @@
 import asyncio
 import contextlib
+import os
+import stat
 
 import pytest
 
@@ -10,6 +12,27 @@ from bascule.server import run
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+@pytest.fixture
+def permissive_umask():
+    """umask 000 for the test: whatever bascule creates is as open as the modes it passes allow."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def not_private(root) -> dict[str, str]:
+    """Everything under ``root`` (itself included) that is not its user's alone: each path, relative
+    to ``root``, with its mode. Private is 0700 for a directory, 0600 for a file."""
+    found = {}
+    for directory, _, files in os.walk(root):
+        for path in [directory, *(os.path.join(directory, name) for name in files)]:
+            status = os.lstat(path)
+            wanted = 0o700 if stat.S_ISDIR(status.st_mode) else 0o600
+            if stat.S_IMODE(status.st_mode) != wanted:
+                found[os.path.relpath(path, root)] = oct(stat.S_IMODE(status.st_mode))
+    return found
 
 
 @contextlib.asynccontextmanager

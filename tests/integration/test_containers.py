@@ -137,6 +137,27 @@ async def test_single_node_with_bascule_client(node):
         assert [m.value for m in got] == [f"e{i}".encode() for i in range(5)]
 
 
+# Run in a node's container: every path under argv[1] that is not 0700 (directories) or 0600 (files).
+NOT_PRIVATE = """
+import os, stat, sys
+for directory, _, files in os.walk(sys.argv[1]):
+    for path in [directory, *(os.path.join(directory, name) for name in files)]:
+        status = os.lstat(path)
+        if stat.S_IMODE(status.st_mode) != (0o700 if stat.S_ISDIR(status.st_mode) else 0o600):
+            print(path, oct(stat.S_IMODE(status.st_mode)))
+"""
+
+
+async def test_the_node_keeps_its_files_private_in_the_container(node):
+    async with Client(node.get_broker()) as client:
+        await client.create_stream("private", "private.in")
+        await client.publish("private", b"secret", ack_policy="all")
+    result = node.exec(["python3", "-c", NOT_PRIVATE, "/var/lib/bascule"])
+    assert (result.exit_code, result.output.decode()) == (0, "")
+    result = node.exec(["python3", "-c", "import os; print(sorted(os.listdir('/var/lib/bascule/raft')))"])
+    assert "journal" in result.output.decode()  # the walk above did reach the node's files
+
+
 # ---- a 3-node cluster: one node killed ----------------------------------------------------------------------
 
 CLUSTER_CONFIG = {
@@ -185,10 +206,21 @@ async def test_cluster_keeps_serving_acked_messages_when_a_node_is_killed(engine
 
     with BasculeCluster(3, config=CLUSTER_CONFIG) as cluster:
         try:
+            _check_raft_password_given_in_the_environment_only(cluster)
             await _cluster_scenario(cluster)
         except BaseException:
             print(cluster.log_tails(40))
             raise
+
+
+def _check_raft_password_given_in_the_environment_only(cluster) -> None:
+    """Raft between containers needs a password (the nodes refuse to start without one): the cluster
+    made one, the same for every node, in their environment and not on their command line."""
+    assert len(cluster.raft_password) >= 24
+    for node in cluster.nodes:
+        config = node.get_wrapped_container().attrs["Config"]
+        assert f"BASCULE_RAFT_PASSWORD={cluster.raft_password}" in config["Env"]
+        assert not any(cluster.raft_password in arg for arg in config["Cmd"])
 
 
 async def _cluster_scenario(cluster) -> None:

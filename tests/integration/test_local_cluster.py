@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shutil
 import socket
@@ -214,3 +215,31 @@ def test_three_nodes_keep_their_stream_through_a_kill_and_a_nats_restart() -> No
         cluster.wait_ready()
         pids = [pid for node in cluster.nodes for pid in node.pids()] + cluster.nats.pids()
     assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _address_beyond_loopback() -> str | None:
+    """An IPv4 address of this machine other than loopback (the one it would send from), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.254", 9))  # sends nothing: only picks the outgoing interface
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback or address == "0.0.0.0" else address
+
+
+@pytest.mark.cluster
+@needs_proc
+def test_raft_beyond_loopback_runs_with_a_password_and_is_refused_without(tmp_path: Path) -> None:
+    host = _address_beyond_loopback()
+    if host is None:
+        pytest.skip("this machine has no address beyond loopback")
+    alone = LocalNode(tmp_path / "alone", host=host, embedded_nats=True, raft_bootstrap_seed=True,
+                      env={"BASCULE_RAFT_PASSWORD": ""})
+    with pytest.raises(LocalProcessError, match=r"(?s)exited with status 2.*is not a loopback address"):
+        alone.start(timeout=20)
+    # The cluster gives its nodes a password of its own; `listen` puts their gRPC API on `host` too.
+    with LocalCluster(3, host=host, config={"listen": f"{host}:0"}) as cluster:
+        assert all(node.raft_address.startswith(f"{host}:") for node in cluster.nodes)
+        _create_stream(cluster.brokers[0], "replicated", replication_factor=3)
+        assert _stream_exists(cluster.brokers[2], "replicated")

@@ -1,6 +1,8 @@
 """`bascule server` as a user starts it: a config file, embedded NATS, Raft seed; driven by gufo-liftbridge."""
 
 import asyncio
+import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -83,5 +85,32 @@ async def test_bad_config_stops_the_server_with_a_message_naming_the_key(tmp_pat
     config.write_text("clustering:\n  replica.max.lag.time: soon\n")
     done = subprocess.run([sys.executable, "-m", "bascule.cli", "server", "-c", str(config)],
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert "clustering.replica.max.lag.time" in done.stderr
+
+
+def run_server(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bascule.cli", "server", *flags], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **(env or {})})
+
+
+async def test_a_raft_address_beyond_loopback_without_a_password_stops_the_server_at_start(tmp_path):
+    done = run_server("-d", str(tmp_path / "data"), "--embedded-nats", "--raft-bootstrap-seed",
+                      "--raft-listen", "10.99.99.99:9393", env={"BASCULE_RAFT_PASSWORD": ""})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("bascule server: clustering.raft.listen, clustering.raft.password: the Raft "
+                                  "address 10.99.99.99:9393 is not a loopback address")
+    assert "remote code execution" in done.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+async def test_a_data_dir_of_another_user_stops_the_server_at_start(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(data_dir, nobody, -1)
+    done = run_server("-d", str(data_dir), "--embedded-nats", "--raft-bootstrap-seed")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"bascule server: data.dir: {data_dir} belongs to uid {nobody} (nobody)")
+    assert os.listdir(data_dir) == [] and os.stat(data_dir).st_uid == nobody

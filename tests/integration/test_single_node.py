@@ -1,16 +1,19 @@
 """One in-process node with embedded NATS, driven by gufo-liftbridge, nats-py and bascule's client."""
 
 import asyncio
+import logging
+import os
 
 import grpc
 import nats
 import pytest
-from conftest import running_node
+from conftest import not_private, running_node
 from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.error import ErrorNotFound
 from gufo.liftbridge.types import StartPosition
 
 from bascule.client import BasculeError, Client
+from bascule.node.node import InsecureRaft
 from bascule.wire import envelope
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 
@@ -476,3 +479,48 @@ async def test_publish_async_answers_every_request_and_a_bad_record_fails_alone(
             assert responses["5"].asyncError.code == api_pb2.PublishAsyncError.Code.NOT_FOUND
             values = [m.value async for m in client.subscribe("pa", offset=0, stop_latest=True)]
             assert values == [b"a", b"c"]
+
+
+async def test_everything_the_node_keeps_is_private(tmp_path, permissive_umask, caplog):
+    """Under umask 000, a data dir made 0755 beforehand: it is closed to others at start, and every
+    directory and file the node makes in it (identity, Raft, streams, segments, checkpoints, the
+    embedded nats-server's log, pid, lock and ports files) is 0700 or 0600."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o755)
+    harness_files = {"nats.conf"}  # written by running_node, not by the node
+    with caplog.at_level(logging.WARNING, logger="bascule.durable"):
+        async with running_node(data_dir, **{"streams.sync": "always"}) as (node, address):
+            async with Client(address) as client:
+                await client.wait_ready()
+                await client.create_stream("private", "private", partitions=2)
+                for i in range(20):
+                    await client.publish("private", f"m{i}".encode(), ack_policy="all", partition=i % 2)
+                await client.set_cursor("private", 0, "reader", 3)
+            made = files_in(data_dir)
+            assert {"server-id", "raft-address", "raft/journal", "raft/journal.meta", "nats-server.log",
+                    "nats-server.pid", "nats-server.lock"} <= made
+            assert any(name.startswith("nats-server-ports/") for name in made)  # nats-server's own file
+            assert any(name.startswith("streams/private@") and name.endswith(".index") for name in made)
+            exposed = {path: mode for path, mode in not_private(data_dir).items() if path not in harness_files}
+            assert exposed == {}
+    assert f"{data_dir} was open to other users (mode 0755): now 0700" in caplog.text
+    made = files_in(data_dir)  # with the checkpoints written at close
+    assert any(name.endswith("/replication-offset-checkpoint") for name in made)
+    assert any(name.endswith("/leader-epoch-checkpoint") for name in made)
+    exposed = {path: mode for path, mode in not_private(data_dir).items() if path not in harness_files}
+    assert exposed == {}
+
+
+async def test_a_raft_address_kept_in_the_data_dir_needs_a_password_beyond_loopback(tmp_path):
+    """The configuration (127.0.0.1:0) passed its check, but the address chosen at an earlier start is
+    not loopback: the node refuses to run Raft there without a password."""
+    (tmp_path / "raft-address").write_text("10.99.99.99:9393\n")
+    with pytest.raises(ExceptionGroup) as raised:
+        async with running_node(tmp_path):
+            pass
+    assert raised.group_contains(InsecureRaft, match="10.99.99.99:9393 is not a loopback address")
+    assert not (tmp_path / "raft").exists()
+
+
+def files_in(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, name), root) for d, _, files in os.walk(root) for name in files}

@@ -1,5 +1,7 @@
 import argparse
 import gzip
+import os
+import pwd
 import random
 import re
 import textwrap
@@ -19,6 +21,13 @@ from bascule.config import (
     parse_duration,
     parse_size,
 )
+from bascule.config.loading import RAFT_PASSWORD_ENV
+
+
+@pytest.fixture(autouse=True)
+def no_raft_password_in_the_environment(monkeypatch):
+    """`bascule server` reads $BASCULE_RAFT_PASSWORD: a shell that exports it must not change these tests."""
+    monkeypatch.delenv(RAFT_PASSWORD_ENV, raising=False)
 
 
 @pytest.fixture
@@ -419,3 +428,81 @@ def test_data_dir_defaults_under_the_namespace():
 def test_bad_flag_values_name_the_setting():
     with pytest.raises(ConfigError, match=r"^clustering\.raft\.listen: expected host:port"):
         load_config(None, overrides_from_args(parse_flags("--raft-listen", "somewhere")))
+
+
+# ---- the Raft transport needs a password beyond loopback ----------------------------------------------
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:9393", "192.168.1.20:0", "n1:9393", "bascule.example.com:9393",
+                                     "[2001:db8::1]:9393"])
+def test_a_raft_address_beyond_loopback_without_a_password_is_refused(address):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, {"clustering.raft.listen": address})
+    message = str(raised.value)
+    assert message.startswith("clustering.raft.listen, clustering.raft.password: the Raft address ")
+    assert "is not a loopback address and clustering.raft.password is empty" in message
+    assert "unpickles every frame" in message and "remote code execution" in message
+    assert RAFT_PASSWORD_ENV in message  # and how to give one
+
+
+def test_the_raft_password_rule_holds_for_files_and_flags(write_config):
+    with pytest.raises(ConfigError, match="is not a loopback address"):
+        load_text(write_config, "clustering: {raft.listen: 10.0.0.5:9393}\n")
+    with pytest.raises(ConfigError, match="is not a loopback address"):
+        load_config(None, overrides_from_args(parse_flags("--raft-listen", "n1:9393")))
+    with pytest.raises(ConfigError, match="is not a loopback address"):  # an empty password is none
+        load_text(write_config, "clustering: {raft.listen: 10.0.0.5:9393, raft.password: ''}\n")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.1:9393", "127.1.2.3:9393", "localhost:9393",
+                                     "LocalHost:0", "[::1]:9393"])
+def test_a_loopback_raft_address_needs_no_password(address):
+    config = load_config(None, {"clustering.raft.listen": address})
+    assert config.clustering.raft_password == ""
+
+
+def test_the_default_raft_address_is_loopback_and_needs_no_password():
+    assert load_config(None, {}).clustering.raft_password == ""
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:9393", "n1:9393", "[2001:db8::1]:9393"])
+def test_a_raft_address_beyond_loopback_with_a_password_is_allowed(write_config, address):
+    config = load_text(write_config, f"clustering: {{raft.listen: '{address}', raft.password: s3cret}}\n")
+    assert (config.clustering.raft_listen, config.clustering.raft_password) == (address, "s3cret")
+
+
+def test_the_raft_password_can_come_from_the_environment(write_config, monkeypatch):
+    flags = parse_flags("--raft-listen", "n1:9393")
+    assert overrides_from_args(flags, {RAFT_PASSWORD_ENV: "from-env"})["clustering.raft.password"] == "from-env"
+    assert "clustering.raft.password" not in overrides_from_args(flags, {RAFT_PASSWORD_ENV: ""})
+    monkeypatch.setenv(RAFT_PASSWORD_ENV, "from-env")
+    path = write_config("clustering.raft.password: from-file\n")
+    config = load_config(path, overrides_from_args(parse_flags("-c", path, "--raft-listen", "n1:9393")))
+    assert config.clustering.raft_password == "from-env"  # as flags do, the environment wins over the file
+
+
+# ---- the data dir must be this user's -----------------------------------------------------------------
+
+
+def test_a_data_dir_of_this_user_or_missing_is_accepted_and_not_made(tmp_path):
+    assert load_config(None, {"data.dir": str(tmp_path)}).data_dir == str(tmp_path)
+    assert load_config(None, {"data.dir": str(tmp_path / "new")}).data_dir == str(tmp_path / "new")
+    assert not (tmp_path / "new").exists()  # the node makes it, private
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_data_dir_of_another_user_is_refused(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(data_dir, nobody, -1)
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, overrides_from_args(parse_flags("-d", str(data_dir))))
+    assert str(raised.value).startswith(f"data.dir: {data_dir} belongs to uid {nobody} (nobody), not to uid 0")
+    assert "refusing to keep data where another user can read or change it" in str(raised.value)
+
+
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "data").write_text("")
+    with pytest.raises(ConfigError, match=r"^data\.dir: .*/data exists and is not a directory"):
+        load_config(None, {"data.dir": str(tmp_path / "data")})

@@ -1,22 +1,28 @@
-"""bascule.durable: small files replaced atomically and durably, and the node's identity files.
+"""bascule.durable: small files replaced atomically and durably, and the node's identity files;
+files and directories private to the server's user, and the data dir's checks.
 
 "Atomic" is checked on a child process SIGKILLed while it rewrites a file over and over: the file
 always holds one whole version. "Durable" is checked the ways a unit test can: the fsync of the
 contents, the rename and the fsync of the directory were made, in that order, before the call
-returned; and when an fsync fails, the call raises and the old contents stay.
+returned; and when an fsync fails, the call raises and the old contents stay. "Private" is checked
+by the modes of what was made under umask 000 (or one that takes owner bits away).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+from conftest import not_private
 
 from bascule import durable
 from bascule.config import ClusteringConfig
@@ -156,3 +162,128 @@ def test_a_failed_fsync_of_the_server_id_leaves_no_id_file(tmp_path, monkeypatch
     with pytest.raises(OSError):
         identity.server_id(CLUSTERING, tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+# ---- private files and directories -----------------------------------------------------------------
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture(params=[0o000, 0o022, 0o777], ids=["umask-000", "umask-022", "umask-777"])
+def any_umask(request):
+    """000 lets every bit through, 777 none (not even the owner's): the modes must not depend on it."""
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_a_written_file_is_private_whatever_the_umask(tmp_path, any_umask):
+    durable.write_atomically(tmp_path / "file", "new\n")
+    assert mode(tmp_path / "file") == 0o600
+    durable.write_atomically(tmp_path / "file", "newer\n")
+    assert mode(tmp_path / "file") == 0o600
+    assert (tmp_path / "file").read_text() == "newer\n"
+
+
+def test_the_temporary_file_is_private_before_any_data_is_written(tmp_path, monkeypatch, permissive_umask):
+    """Also when a crash left an open one behind: a reader must not catch the data in it."""
+    leftover = tmp_path / "file.tmp"
+    leftover.write_bytes(b"left by a crash")
+    os.chmod(leftover, 0o666)
+    modes_at_write: list[int] = []
+
+    def write(fd: int, data, real=os.write) -> int:
+        modes_at_write.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    durable.write_atomically(tmp_path / "file", b"secret")
+    assert modes_at_write and set(modes_at_write) == {0o600}
+    assert (tmp_path / "file").read_bytes() == b"secret"
+    assert mode(tmp_path / "file") == 0o600
+
+
+def test_open_private_creates_0600_and_tightens_a_file_already_there(tmp_path, any_umask):
+    os.close(durable.open_private(tmp_path / "new", os.O_WRONLY))
+    assert mode(tmp_path / "new") == 0o600
+    (tmp_path / "old").write_bytes(b"data")
+    os.chmod(tmp_path / "old", 0o644)
+    fd = durable.open_private(tmp_path / "old", os.O_RDONLY)
+    try:
+        assert os.read(fd, 10) == b"data"
+    finally:
+        os.close(fd)
+    assert mode(tmp_path / "old") == 0o600
+    with open(tmp_path / "by-open", "ab", opener=durable.private_opener) as file:
+        file.write(b"x")
+    assert mode(tmp_path / "by-open") == 0o600
+
+
+def test_directories_and_their_missing_parents_are_made_0700_whatever_the_umask(tmp_path, any_umask):
+    os.chmod(tmp_path, 0o755)  # there already: left as it is
+    durable.make_private_directories(tmp_path / "a" / "b" / "c")
+    assert [mode(tmp_path / path) for path in ("a", "a/b", "a/b/c")] == [0o700] * 3
+    assert mode(tmp_path) == 0o755
+    durable.make_private_directories(tmp_path / "a" / "b" / "c")  # nothing to do
+    assert mode(tmp_path / "a/b/c") == 0o700
+
+
+def test_the_node_identity_files_are_private(tmp_path, permissive_umask):
+    identity.server_id(CLUSTERING, tmp_path)
+    identity.raft_address(CLUSTERING, tmp_path)
+    identity.remember_raft_members(tmp_path, ["127.0.0.1:7001", "127.0.0.1:7002"], "127.0.0.1:7002")
+    assert sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*")) == [
+        "raft", "raft-address", "raft/peers", "server-id"
+    ]
+    os.chmod(tmp_path, 0o700)  # pytest's, not the node's
+    assert not_private(tmp_path) == {}
+
+
+# ---- the data dir ------------------------------------------------------------------------------------
+
+
+def test_a_missing_data_dir_is_made_private_with_its_parents(tmp_path, permissive_umask):
+    data_dir = tmp_path / "bascule" / "liftbridge-default"
+    durable.prepare_private_directory(data_dir)
+    assert mode(tmp_path / "bascule") == mode(data_dir) == 0o700
+
+
+def test_a_data_dir_open_to_others_is_tightened_with_a_log_line(tmp_path, caplog):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    os.chmod(data_dir, 0o755)
+    with caplog.at_level(logging.WARNING, logger="bascule.durable"):
+        durable.prepare_private_directory(data_dir)
+    assert mode(data_dir) == 0o700
+    assert f"{data_dir} was open to other users (mode 0755): now 0700" in caplog.text
+    caplog.clear()
+    durable.prepare_private_directory(data_dir)  # private already: nothing to say
+    assert caplog.text == ""
+
+
+def nobody() -> int:
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_data_dir_of_another_user_is_refused_and_left_as_it_is(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o755)
+    os.chmod(data_dir, 0o755)
+    os.chown(data_dir, nobody(), -1)
+    with pytest.raises(durable.ForeignDirectory, match=f"{data_dir} belongs to uid {nobody()}"):
+        durable.prepare_private_directory(data_dir)
+    assert isinstance(durable.ForeignDirectory("x"), PermissionError)
+    assert (os.stat(data_dir).st_uid, mode(data_dir)) == (nobody(), 0o755)
+    assert os.listdir(data_dir) == []
+
+
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "data").write_text("")
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        durable.prepare_private_directory(tmp_path / "data")

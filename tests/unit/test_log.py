@@ -1,6 +1,8 @@
+import os
 from pathlib import Path
 
 import pytest
+from conftest import not_private
 
 from bascule.partition.log import (
     CommitLog,
@@ -429,3 +431,26 @@ def test_restart_at_empties_the_log_and_starts_it_past_its_old_end(tmp_path):
     with CommitLog.open(tmp_path, SMALL_SEGMENTS) as log:
         assert (log.oldest_offset, log.next_offset, log.high_watermark) == (100, 103, 101)
         assert log.epochs.entries == [(2, 100)]
+
+
+def test_everything_a_log_creates_is_private(tmp_path, permissive_umask):
+    """Directories 0700 (with the parents the log makes), files 0600: segments, indexes, checkpoints,
+    and the segments a truncation or a restart starts, whatever the umask."""
+    directory = tmp_path / "streams" / "orders@1" / "0"
+    with CommitLog.open(directory, SMALL_SEGMENTS) as log:
+        for epoch in (1, 2, 3):
+            log.append(values(20), epoch)
+        log.high_watermark = log.newest_offset
+        log.sync()
+        log.checkpoint()
+        log.truncate(30)  # cuts into a sealed segment
+        log.append(values(5), 4)
+    with CommitLog.open(directory, SMALL_SEGMENTS) as log:  # an active segment reopened
+        log.append(values(5), 4)
+        log.restart_at(log.next_offset + 10)  # a new first segment
+        log.append(values(1), 5)
+    names = {path.name for path in directory.iterdir()}
+    assert {"leader-epoch-checkpoint", "replication-offset-checkpoint"} <= names
+    assert len(log_files(directory)) >= 2
+    os.chmod(tmp_path, 0o700)  # pytest's, not the log's
+    assert not_private(tmp_path) == {}

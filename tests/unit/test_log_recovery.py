@@ -5,6 +5,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -135,7 +136,9 @@ def quarantine_files(directory: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("index", ["kept", "lost"])
-def test_a_damaged_entry_followed_by_intact_ones_is_moved_aside_and_reported(tmp_path, caplog, index):
+def test_a_damaged_entry_followed_by_intact_ones_is_moved_aside_and_reported(
+    tmp_path, caplog, index, permissive_umask
+):
     original = tmp_path / "original"
     expected = build_log(original)
     work = tmp_path / "work"
@@ -151,6 +154,7 @@ def test_a_damaged_entry_followed_by_intact_ones_is_moved_aside_and_reported(tmp
     name = f"{segment.name}.corrupt-{offset}"
     assert quarantine_files(work) == [name]
     assert (work / name).read_bytes() == damaged_bytes
+    assert stat.S_IMODE((work / name).stat().st_mode) == 0o600  # private, as every file of the log
     assert segment.stat().st_size == start
     assert name in caplog.text and str(offset) in caplog.text
     assert all(record.levelno == logging.ERROR for record in caplog.records if name in record.getMessage())

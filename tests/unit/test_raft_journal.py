@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,11 +19,15 @@ from pathlib import Path
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pytest
+from conftest import not_private
 from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import FileJournal
 from pysyncobj.pickle import dumps
 
+from bascule import durable
 from bascule.metadata.journal import CorruptJournal, DurableFileJournal, install_durable_storage, replace_durably
+from bascule.metadata.raft import raft_conf
 from bascule.testing import free_port
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names synced files through /proc")
@@ -224,11 +229,16 @@ def test_files_written_by_pysyncobj_file_journal_open_as_they_are(path) -> None:
     theirs._destroy()
 
 
-def test_installed_syncobj_journals_durably(path, monkeypatch) -> None:
-    # install_durable_storage patches pysyncobj for the process: put it back after this test.
+@pytest.fixture
+def installed(monkeypatch):
+    """install_durable_storage, which patches pysyncobj for the process: put back after the test."""
     monkeypatch.setattr(pysyncobj.syncobj, "createJournal", pysyncobj.syncobj.createJournal)
     monkeypatch.setattr(pysyncobj.serializer, "atomicReplace", pysyncobj.serializer.atomicReplace)
+    monkeypatch.setattr(pysyncobj.serializer, "open", open, raising=False)  # the builtin, until installed
     install_durable_storage()
+
+
+def test_installed_syncobj_journals_durably(path, installed) -> None:
     assert pysyncobj.serializer.atomicReplace is replace_durably
     sync = SyncObj(f"127.0.0.1:{free_port()}", [], SyncObjConf(journalFile=path, autoTick=False))
     try:
@@ -276,3 +286,48 @@ def test_a_damaged_term_and_vote_file_is_refused_with_a_clear_error(path) -> Non
         Path(path + ".meta").write_bytes(garbage)
         with pytest.raises(CorruptJournal, match="term/vote file"):
             DurableFileJournal(path)
+
+
+# ---- private files --------------------------------------------------------------------------------------
+
+
+def test_the_journal_and_its_term_and_vote_file_are_private(path, permissive_umask) -> None:
+    journal = DurableFileJournal(path)
+    fill(journal, 3)
+    journal.setCurrentTerm(2, "node-b")
+    journal.deleteEntriesTo(1)  # a compaction rewrites the journal
+    journal._destroy()
+    raft_dir = Path(path).parent
+    assert sorted(os.listdir(raft_dir)) == ["journal", "journal.meta"]
+    os.chmod(raft_dir, 0o700)  # the test's: raft_conf makes the node's (the next test)
+    assert not_private(raft_dir) == {}
+
+
+def test_raft_conf_makes_the_raft_directory_private(tmp_path, permissive_umask) -> None:
+    conf = raft_conf(tmp_path / "data", "127.0.0.1:0", None)
+    assert Path(conf.journalFile).parent == tmp_path / "data" / "raft"
+    assert not_private(tmp_path / "data") == {}
+
+
+def test_the_full_dump_pysyncobj_writes_is_private(tmp_path, installed, permissive_umask) -> None:
+    """Both ways pysyncobj's serializer writes it: its own dump, and one received from the leader."""
+    dump = tmp_path / "dump"
+    created: list[tuple[str, int]] = []
+
+    def opener(file: str, flags: int, real=durable.private_opener) -> int:
+        fd = real(file, flags)
+        created.append((os.path.basename(file), stat.S_IMODE(os.fstat(fd).st_mode)))
+        return fd
+
+    serializer = pysyncobj.serializer.Serializer(str(dump), 1024, False, None, None, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(durable, "private_opener", opener)
+        serializer.serialize((b"state", 7, 1), 7)
+        assert serializer.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS
+        assert created == [("dump.tmp", 0o600)]  # private before the serializer wrote to it
+        assert stat.S_IMODE(dump.stat().st_mode) == 0o600
+        dump.unlink()
+        assert serializer.setTransmissionData((b"from the leader", True, True))
+        assert created[1:] == [("dump.1.tmp", 0o600)]
+    assert dump.read_bytes() == b"from the leader"
+    assert not_private(tmp_path) == {}

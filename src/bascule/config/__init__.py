@@ -6,6 +6,11 @@ the file. Durations are seconds (float) once loaded; sizes are bytes (int).
 
 bascule's own keys: ``clustering.raft.listen`` (host:port of the Raft transport, port 0 = pick one at
 start), ``clustering.raft.password`` and ``streams.sync`` (``never``, ``always`` or an fsync interval).
+``bascule server`` also takes the Raft password from $BASCULE_RAFT_PASSWORD.
+
+Loading refuses what would be unsafe to run: a Raft address other than loopback without a password
+(pysyncobj unpickles what peers send: without a password, anyone who reaches the port runs code in the
+server), and a data dir that belongs to another user.
 
 ``model`` holds the dataclasses, ``values`` the parsing of each setting, ``loading`` the file, flags
 and errors.

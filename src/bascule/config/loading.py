@@ -1,18 +1,22 @@
 """Building a Config from a YAML file and command-line overrides, and the server's flags.
 
-Every problem becomes a ConfigError that names the dotted key (or the file) it is about.
+Every problem becomes a ConfigError that names the dotted key (or the file) it is about: a bad value,
+and also a configuration that would not be safe to run: a Raft transport reachable from other machines
+without a password, or a data dir that belongs to another user.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
+from bascule import durable
 from bascule.config.model import (
     DEFAULT_NAMESPACE,
     DEFAULT_NATS_URL,
@@ -27,7 +31,11 @@ from bascule.config.model import (
     TlsConfig,
     default_data_dir,
 )
-from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list
+from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list, unauthenticated_raft_error
+
+# The Raft password from the environment, for secrets kept out of command lines (which every user of the
+# machine can read) and configuration files: `bascule server` takes it as clustering.raft.password.
+RAFT_PASSWORD_ENV = "BASCULE_RAFT_PASSWORD"
 
 
 class ConfigError(ValueError):
@@ -38,7 +46,9 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
     """The configuration in the YAML file at `path` (None: defaults only), with dotted-key overrides."""
     settings = _flatten(_read_yaml(path)) if path else {}
     settings.update(_flatten(overrides or {}))
-    return _build({key: _parse(key, value) for key, value in settings.items()})
+    config = _build({key: _parse(key, value) for key, value in settings.items()})
+    _check_data_dir(config.data_dir)
+    return config
 
 
 def _read_yaml(path: str) -> Mapping[Any, Any]:
@@ -98,6 +108,10 @@ def _build(values: dict[str, Any]) -> Config:
     tls = TlsConfig(**fields["tls"])
     if bool(tls.cert) != bool(tls.key):
         raise ConfigError("tls.cert, tls.key: expected both set or neither")
+    clustering = ClusteringConfig(**fields["clustering"])
+    raft_problem = unauthenticated_raft_error(clustering.raft_listen, clustering.raft_password)
+    if raft_problem:
+        raise ConfigError(f"clustering.raft.listen, clustering.raft.password: {raft_problem}")
     return Config(
         listen_host=listen_host,
         port=port,
@@ -106,12 +120,23 @@ def _build(values: dict[str, Any]) -> Config:
         nats=_nats(values, fields["nats"]),
         streams=_streams(fields["streams"]),
         logging=LoggingConfig(**fields["logging"]),
-        clustering=ClusteringConfig(**fields["clustering"]),
+        clustering=clustering,
         cursors=CursorsConfig(**fields["cursors"]),
         groups=GroupsConfig(**fields["groups"]),
         ignored_settings=tuple(sorted(key for key in values if SETTINGS[key].ignored)),
         **fields[""],
     )
+
+
+def _check_data_dir(data_dir: str) -> None:
+    """Refuse a data dir that exists and is no directory of this process's user (the node makes one
+    that is missing, and takes group and world access away from its own)."""
+    try:
+        durable.owned_directory(data_dir)
+    except (durable.ForeignDirectory, NotADirectoryError) as error:
+        raise ConfigError(f"data.dir: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"data.dir: cannot use {data_dir}: {error.strerror}") from None
 
 
 def _fields_by_section(values: dict[str, Any]) -> defaultdict[str, dict[str, Any]]:
@@ -192,10 +217,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="address of this server's Raft transport (default: 127.0.0.1:0, a free port)")
 
 
-def overrides_from_args(namespace: argparse.Namespace) -> dict[str, object]:
-    """Dotted-key overrides for load_config, one for each server flag given."""
-    return {
+def overrides_from_args(
+    namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> dict[str, object]:
+    """Dotted-key overrides for load_config, one for each server flag given, and the Raft password
+    when $BASCULE_RAFT_PASSWORD (in ``environ``, default os.environ) holds one."""
+    overrides: dict[str, object] = {
         key: getattr(namespace, dest)
         for dest, key in _FLAG_SETTINGS.items()
         if getattr(namespace, dest, None) is not None
     }
+    password = (os.environ if environ is None else environ).get(RAFT_PASSWORD_ENV)
+    if password:
+        overrides["clustering.raft.password"] = password
+    return overrides

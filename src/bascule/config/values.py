@@ -6,6 +6,7 @@ or raises BadValue saying what it expected; loading adds the key and the value t
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable
@@ -72,6 +73,33 @@ def split_list(text: str) -> list[str]:
 
 def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (an IP address, or a name) names this machine's loopback interface only:
+    ``localhost`` or an address in 127.0.0.0/8 or ::1. Any other name counts as reachable from outside."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def unauthenticated_raft_error(address: str, password: str) -> str | None:
+    """Why the metadata Raft transport must not listen at ``address`` (host:port) with ``password``;
+    None when it may. pysyncobj unpickles every frame a peer sends, and only a password makes it
+    authenticate (and encrypt) them: without one, whoever reaches the port can run code in the server.
+    Loopback needs none: only this machine reaches it."""
+    if password or is_loopback_host(address.rpartition(":")[0]):
+        return None
+    return (
+        f"the Raft address {address} is not a loopback address and clustering.raft.password is empty: "
+        "pysyncobj unpickles every frame an unauthenticated peer sends, so anyone who can reach that port "
+        "could run code in this server (remote code execution). Set clustering.raft.password (or the "
+        "BASCULE_RAFT_PASSWORD environment variable) to the same secret on every node, or listen on loopback"
+    )
 
 
 def _string(value: Any) -> str:

@@ -11,6 +11,11 @@ these guarantees without touching SyncObj's logic. ``install_durable_storage`` s
 ``createJournal`` that SyncObj calls, and makes the dump's rename durable, because a compaction drops
 the journal's prefix once the dump holds it.
 
+Every file here is private (0600, see ``bascule.durable``): the journal and meta file are written
+through ``durable``, and pysyncobj's serializer, which writes the full dump's temporary files itself
+(``dump.tmp``, and ``dump.1.tmp`` for one received from the leader), is given an ``open`` that creates
+them so.
+
 ``DurableFileJournal`` reads and writes FileJournal's file format, so existing data dirs open as they
 are: a header whose last field is the end of the last record, then records
 ``size | index | term | command | size``. The header is the commit point: a record is fsynced before
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any
+from typing import IO, Any
 
 import pysyncobj.serializer
 import pysyncobj.syncobj
@@ -47,9 +52,12 @@ _INDEX_TERM = struct.Struct("<QQ")
 
 
 def install_durable_storage() -> None:
-    """Make every SyncObj built from now on keep its journal, meta file and full dump durably."""
+    """Make every SyncObj built from now on keep its journal, meta file and full dump durably, and
+    privately."""
     pysyncobj.syncobj.createJournal = create_journal
     pysyncobj.serializer.atomicReplace = replace_durably
+    # The module's global ``open`` comes before the builtin: the serializer's files are made through this.
+    pysyncobj.serializer.open = open_serializer_file
 
 
 def create_journal(path: str | None) -> Journal:
@@ -225,3 +233,11 @@ def _create_journal_file(path: str) -> None:
 # Rename `source` over `target`, its content on disk before the rename and the rename on disk before
 # returning: pysyncobj's atomicReplace, which its serializer uses for the full dump.
 replace_durably = durable.replace
+
+
+def open_serializer_file(file: str, mode: str = "r", *args: Any, **kwargs: Any) -> IO[Any]:
+    """The builtin open for pysyncobj's serializer, except that a file it writes is private (0600)
+    before the first byte goes in."""
+    if any(flag in mode for flag in "wax+"):
+        kwargs["opener"] = durable.private_opener
+    return open(file, mode, *args, **kwargs)

@@ -18,6 +18,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
+from bascule import durable
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
@@ -81,7 +82,7 @@ class MetadataStore(SyncObjConsumer):
 
 def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncObjConf:
     raft_dir = data_dir / "raft"
-    raft_dir.mkdir(parents=True, exist_ok=True)
+    durable.make_private_directories(raft_dir)
     return SyncObjConf(
         journalFile=str(raft_dir / "journal"),
         fullDumpFile=str(raft_dir / "dump"),

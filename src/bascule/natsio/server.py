@@ -12,6 +12,10 @@ watchdog process beside it reads a pipe that only its starter holds open, and st
 end of file. With a log dir, the server's pid is also recorded there, so that a start finds a
 server a crashed run left listening (one whose watchdog died too) and stops it before taking its
 port.
+
+The files of a run (log, pid, lock, the ports dir) are private: 0600 files in 0700 directories, as
+bascule's own (``bascule.durable``); nats-server, which creates its ports file itself, runs with umask
+077 for that.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ POLL_INTERVAL = 0.01
 STOP_GRACE = 5.0  # seconds a server not stopped by its owner gets between SIGTERM and SIGKILL
 PID_MAX_LIMIT = 1 << 22  # the kernel's: no pid is larger
 PID_FILE_READ_LIMIT = 64
+# nats-server's umask: the files it makes (the ports file, a JetStream store) are its user's alone.
+SERVER_UMASK = 0o077
 
 # Run by a second interpreter beside each nats-server: argv[1] is a pidfd of the server, stdin a
 # pipe whose write end only the server's starter holds. A pidfd names one process for good, so a
@@ -159,7 +165,7 @@ def empty_ports_dir(path: StrPath) -> None:
     """Make `path` an empty dir for the next server's ports file: one that a killed server left
     there could carry the pid of the next one."""
     shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
+    durable.make_private_directories(path)
 
 
 def read_ports_file(ports_dir: StrPath, pid: int) -> ListenUrls | None:
@@ -329,15 +335,16 @@ class EmbeddedNats:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                umask=SERVER_UMASK,
             )
             assert process.stdout is not None
             self._drain_task = asyncio.create_task(self._drain(process.stdout))
             return process
-        log_file = await asyncio.to_thread(open, self._log_path, "ab")
+        log_file = await asyncio.to_thread(open, self._log_path, "ab", opener=durable.private_opener)
         with log_file:
             self._log_start = log_file.tell()
             return await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, umask=SERVER_UMASK
             )
 
     async def _drain(self, output: asyncio.StreamReader) -> None:
@@ -413,8 +420,8 @@ class EmbeddedNats:
         """Without this a second node started on the same data dir would take the first one's
         running server for a leftover and stop it. The kernel drops the lock when its holder dies."""
         assert self._files_dir is not None
-        os.makedirs(self._files_dir, exist_ok=True)
-        lock_fd = os.open(self._files_path(LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        durable.make_private_directories(self._files_dir)
+        lock_fd = durable.open_private(self._files_path(LOCK_FILE_NAME), os.O_RDWR)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -2,7 +2,7 @@
 
 Each is chosen once and then read back at every start: partitions name their replicas by server
 id, and the Raft group knows its voters by address. Blocking file I/O with fsyncs: callers run
-these in a thread.
+these in a thread. The files are private (0600, in 0700 directories), as everything in the data dir.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def known_raft_peers(clustering: ClusteringConfig, data_dir: Path, address: str)
 def remember_raft_members(data_dir: Path, members: list[str], address: str) -> list[str]:
     """Keep the members a join returned, for later starts; returns the other voters."""
     peers_file = _peers_file(data_dir)
-    peers_file.parent.mkdir(parents=True, exist_ok=True)
+    durable.make_private_directories(peers_file.parent)
     durable.write_atomically(peers_file, "\n".join(members) + "\n")
     return [m for m in members if m != address]
 

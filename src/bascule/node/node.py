@@ -15,7 +15,9 @@ from typing import Any
 
 import nats
 
+from bascule import durable
 from bascule.config import Config
+from bascule.config.values import unauthenticated_raft_error
 from bascule.metadata.election import Position
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
@@ -40,6 +42,10 @@ REGISTRATION_WAIT = 10.0
 REGISTRATION_RETRY = 0.2
 STREAM_START_WAIT = 5.0
 STREAM_START_POLL = 0.02
+
+
+class InsecureRaft(PermissionError):
+    """The Raft transport would listen beyond loopback without a password."""
 
 
 class Node:
@@ -92,7 +98,8 @@ class Node:
 
     async def start(self, api_port: int) -> None:
         self.api_port = api_port
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Private to this user: made 0700, refused if another user's, closed to others if open.
+        await asyncio.to_thread(durable.prepare_private_directory, self.data_dir)
         clustering = self.config.clustering
         self.server_id = await asyncio.to_thread(identity.server_id, clustering, self.data_dir)
         nats_url = await self._start_nats()
@@ -104,6 +111,10 @@ class Node:
         await self._capture_connection.connect()
         self._envelopes = await EnvelopePublisher.start(nc, f"bascule.{self.server_id}")
         raft_address = await asyncio.to_thread(identity.raft_address, clustering, self.data_dir)
+        # Checked when the configuration was loaded, for its address; this one may come from the data dir.
+        problem = unauthenticated_raft_error(raft_address, clustering.raft_password)
+        if problem:
+            raise InsecureRaft(problem)
         self._raft = MetadataRaft(
             raft_address, await self._raft_peers(raft_address), self.data_dir, clustering.raft_password,
             self._on_metadata_change,

@@ -18,6 +18,10 @@ the first container (it sets what testcontainers needs: DOCKER_HOST, no Ryuk, do
         cluster.kill(0)                              # SIGKILL node 0's container
         cluster.restart(0)                           # start it again: same addresses, same data
 
+The nodes of a cluster talk Raft across the network, which bascule allows only with a password (pysyncobj
+unpickles what peers send): `BasculeCluster` generates one for each cluster (`raft_password`) and gives it to
+its nodes in their environment ($BASCULE_RAFT_PASSWORD), not on their command line.
+
 Addresses: each node's gRPC API listens inside its container on the same port number as the one published
 on the host's 127.0.0.1, and the node advertises 127.0.0.1:<port>. So the broker addresses in the cluster
 metadata are the ones a client on the host connects to, as Liftbridge clients (which connect to partition
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -69,6 +74,7 @@ LABEL = "io.github.bascule.testing"
 OWNER_LABEL = "io.github.bascule.testing.owner"  # host:pid of the process that made the container
 NATS_PORT = 4222
 RAFT_PORT = 9393
+RAFT_PASSWORD_ENV = "BASCULE_RAFT_PASSWORD"  # read by `bascule server` (bascule.config)
 CONFIG_PATH = "/etc/bascule/testing.yaml"
 NATS_CONFIG_PATH = "/etc/bascule/testing-nats.conf"
 DATA_DIR = "/var/lib/bascule"
@@ -267,6 +273,7 @@ class BasculeContainer(_Node):
     `raft_listen` and `raft_peers` instead.
 
     port: the gRPC port, the same inside the container and on the host's 127.0.0.1 (default: a free one).
+    raft_password: given to the node as $BASCULE_RAFT_PASSWORD; a `raft_listen` other than loopback needs one.
     config: more settings for the node's YAML configuration (nested or dotted keys), such as
     ``{"clustering.replica.max.lag.time": "3s"}``. extra_args: more ``bascule server`` flags.
     """
@@ -281,6 +288,7 @@ class BasculeContainer(_Node):
         nats_servers: Sequence[str] | None = None,
         raft_listen: str | None = None,
         raft_peers: Sequence[str] = (),
+        raft_password: str | None = None,
         network: Network | None = None,
         alias: str | None = None,
         ipv4_address: str | None = None,
@@ -316,6 +324,8 @@ class BasculeContainer(_Node):
             command.append("--raft-bootstrap-seed")
         command += list(extra_args)
         self.with_command(command)
+        if raft_password:
+            self.with_env(RAFT_PASSWORD_ENV, raft_password)
         self.with_copy_into_container(yaml.safe_dump(settings, sort_keys=False).encode(), CONFIG_PATH)
         _publish_on_loopback(self, self.port, self.port)
         kwargs: dict[str, Any] = {"labels": _labels(role="bascule", server_id=server_id)}
@@ -389,7 +399,9 @@ class BasculeCluster:
 
     Node i has server id and network alias ``node-<i>``, Raft address ``node-<i>:9393`` (every node gets
     them all as ``--raft-bootstrap-peers``), and its gRPC API on 127.0.0.1 (`brokers`). `nats_url` is the
-    NATS server for clients on the host; inside the network it is ``nats://nats:4222``.
+    NATS server for clients on the host; inside the network it is ``nats://nats:4222``. `raft_password` is
+    the nodes' Raft password: the one given, else the config's ``clustering.raft.password``, else a new
+    random one.
 
     stable_addresses (the default): each node has a fixed IP address on the network, which it keeps when
     restarted, and gives up a TCP connect that gets no answer after about 7 s (sysctl
@@ -412,6 +424,7 @@ class BasculeCluster:
         level: str = "info",
         ready_timeout: float = 90.0,
         stable_addresses: bool = True,
+        raft_password: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -419,6 +432,9 @@ class BasculeCluster:
         self.image = image or default_image()
         self.nats_image = nats_image or default_nats_image()
         self.config = dict(config or {})
+        self.raft_password = (
+            raft_password or flat_config(config).get("clustering.raft.password") or secrets.token_urlsafe(24)
+        )
         self.level = level
         self.ready_timeout = ready_timeout
         self.stable_addresses = stable_addresses
@@ -464,6 +480,7 @@ class BasculeCluster:
                 nats_servers=[f"nats://{self.nats.alias}:{NATS_PORT}"],
                 raft_listen=f"{server_id}:{RAFT_PORT}",
                 raft_peers=peers,
+                raft_password=self.raft_password,
                 network=self.network,
                 alias=server_id,
                 ipv4_address=address,

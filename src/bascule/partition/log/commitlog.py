@@ -164,7 +164,7 @@ class CommitLog:
     ) -> CommitLog:
         """Open (or create) the log in ``path``, recovering from a crash if there was one."""
         directory = Path(path)
-        directory.mkdir(parents=True, exist_ok=True)
+        durable.make_private_directories(directory)
         base_offsets = _discover_segments(directory)
         interval = config.index_interval_bytes
         if base_offsets:

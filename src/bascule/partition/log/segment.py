@@ -105,8 +105,8 @@ class Segment:
         segment = cls(directory, base_offset, base_offset, interval_bytes)
         if segment.size:
             raise FileExistsError(f"new segment {segment.log_path} already holds data")
-        segment.log_path.touch()
-        segment.index_path.touch()
+        for path in (segment.log_path, segment.index_path):
+            os.close(durable.open_private(path, os.O_WRONLY))
         segment._index = SparseIndex(interval_bytes)
         return segment
 
@@ -572,7 +572,8 @@ def _common_prefix(first: bytes, second: bytes) -> bytes:
 
 
 def _open_appendable(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    # Private: a segment of an older version's data dir (0644) becomes 0600 when first used.
+    return durable.open_private(path, os.O_RDWR | os.O_APPEND)
 
 
 def _write_all(fd: int, data: bytes) -> None:
