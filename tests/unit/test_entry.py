@@ -14,6 +14,7 @@ from bascule.wire.entry import (
     Record,
     decode_entries,
     encode_entries,
+    intact_prefix,
     scan,
     valid_prefix,
 )
@@ -215,3 +216,36 @@ def test_round_trip_property(first_offset, leader_epoch, batch, default_timestam
         assert entry.timestamp == (record.timestamp or default_timestamp)
         assert (entry.key, entry.value, entry.headers) == (record.key, record.value, record.headers)
     assert valid_prefix(buf) == (len(buf), len(batch))
+
+
+def _scan_prefix(buf: bytes, first_offset: int, max_entries: int) -> tuple[int, int]:
+    """What scan() says about the intact entries at the start of ``buf``, in sequence."""
+    length = count = 0
+    try:
+        for offset, _, _, _, end in scan(buf):
+            if offset != first_offset + count or count == max_entries:
+                break
+            length, count = end, count + 1
+    except CorruptEntry:
+        pass
+    return length, count
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.binary(max_size=50), min_size=1, max_size=10),
+    damage=st.tuples(st.integers(0, 10_000), st.integers(1, 255)) | st.none(),
+    cut=st.integers(0, 10_000) | st.none(),
+    max_entries=st.integers(1, 12),
+    expected_first=st.sampled_from([5, 6]),
+)
+def test_intact_prefix_agrees_with_scan(values, damage, cut, max_entries, expected_first):
+    buf = bytearray(encode_entries(5, 1, [Record(value=v) for v in values], 7)[0])
+    if damage is not None:
+        buf[damage[0] % len(buf)] ^= damage[1]
+    if cut is not None:
+        del buf[cut % (len(buf) + 1):]
+    buf = bytes(buf)
+    length, count, error = intact_prefix(buf, expected_first, max_entries)
+    assert (length, count) == _scan_prefix(buf, expected_first, max_entries)
+    assert (error is None) == (length == len(buf) or count == max_entries)

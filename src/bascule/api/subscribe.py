@@ -43,7 +43,8 @@ class SubscribeRPCs:
                     yield Framed(encoder.encode(kept))
                 except CorruptEntry as exc:
                     await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry: {exc}")
-            if stop.done_after(last_offset(kept) if kept else first_offset(chunk) - 1):
+            sent = last if len(kept) == len(chunk) else last_offset(kept) if kept else first_offset(chunk) - 1
+            if stop.done_after(sent):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
             if len(kept) < len(chunk):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
@@ -100,7 +101,7 @@ async def _chunks_from(
 ) -> AsyncIterator[tuple[bytes, int]]:
     while True:
         try:
-            chunk = replica.read_committed_raw(offset, max_bytes)
+            chunk, count = replica.read_committed_raw(offset, max_bytes)
         except OffsetOutOfRange:
             offset = replica.log.oldest_offset  # retention removed what we were about to read
             continue
@@ -108,7 +109,7 @@ async def _chunks_from(
             log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
             await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
         if chunk:
-            last = last_offset(chunk)
+            last = offset + count - 1
             offset = last + 1
             yield chunk, last
             continue

@@ -437,12 +437,13 @@ class PartitionReplica:
             return []
         return self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
 
-    def read_committed_raw(self, offset: int, max_bytes: int) -> bytes:
-        """Stored bytes of committed entries from ``offset`` (CRC-checked), b"" when none."""
+    def read_committed_raw(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Stored bytes of committed entries from ``offset`` (CRC-checked) and how many they
+        hold, (b"", 0) when none."""
         hw = self.log.high_watermark
         if offset > hw:
-            return b""
-        return self.log.read_raw(offset, max_bytes, max_entries=hw - offset + 1)
+            return b"", 0
+        return self.log.read_raw_counted(offset, max_bytes, max_entries=hw - offset + 1)
 
     async def sync(self) -> None:
         """fsync the log in a thread (the ``interval`` sync policy); a failure fails the replica

@@ -443,20 +443,24 @@ class CommitLog:
         bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked: the
         bytes stop before a damaged entry, and reading from one raises CorruptEntry.
         ``check_crc=False`` is for bytes whose receiver checks them (replication)."""
-        return self._read_raw(offset, max_bytes, max_entries=max_entries, check_crc=check_crc)
+        return self._read_raw(offset, max_bytes, max_entries, check_crc)[0]
+
+    def read_raw_counted(self, offset: int, max_bytes: int, max_entries: int = sys.maxsize) -> tuple[bytes, int]:
+        """``read_raw``, CRC-checked, and how many entries the bytes hold."""
+        return self._read_raw(offset, max_bytes, max_entries)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
         """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
         of stored bytes unless the first entry alone is bigger."""
-        return decode_entries(self._read_raw(offset, max_bytes, max_entries), check_crc=False)
+        return decode_entries(self._read_raw(offset, max_bytes, max_entries)[0], check_crc=False)
 
-    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool = True) -> bytes:
+    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool = True) -> tuple[bytes, int]:
         """Whole entries from ``offset``, every one CRC-checked. They stop before a damaged
         entry, and CorruptEntry is raised when reading from one, never its bytes returned."""
         if not self.oldest_offset <= offset <= self.next_offset:
             raise OffsetOutOfRange(offset, self.oldest_offset, self.next_offset)
         if offset == self.next_offset or max_entries <= 0:
-            return b""
+            return b"", 0
         parts: list[bytes] = []
         remaining_bytes = max_bytes
         remaining_entries = max_entries
@@ -479,7 +483,7 @@ class CommitLog:
             remaining_entries -= count
             if offset < segment.next_offset or remaining_bytes <= 0 or remaining_entries == 0:
                 break
-        return b"".join(parts)
+        return b"".join(parts), max_entries - remaining_entries
 
     def _note_damage_in(self, segment: Segment, offset: int) -> None:
         """A read from ``offset`` met damage: find and record its first damaged entry (a reader

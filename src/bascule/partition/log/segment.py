@@ -17,7 +17,15 @@ from typing import NoReturn
 
 from bascule import durable
 from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
-from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, CorruptEntry, WalkedEntry, offset_and_epoch, scan
+from bascule.wire.entry import (
+    ENTRY_HEADER,
+    HEADER_SIZE,
+    CorruptEntry,
+    WalkedEntry,
+    intact_prefix,
+    offset_and_epoch,
+    scan,
+)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -394,19 +402,10 @@ class Segment:
         if at_least_one:
             wanted = min(max(wanted, self._entry_size_at(position)), available)
         chunk = os.pread(self._log_fd, wanted, position)
-        length = count = 0
-        expected_offset = offset
-        try:
-            for entry_offset, _, _, _, end in scan(chunk, check_crc):
-                if entry_offset != expected_offset:
-                    raise CorruptEntry(f"expected offset {expected_offset}, found {entry_offset}")
-                length, count, expected_offset = end, count + 1, expected_offset + 1
-                if count == max_entries:
-                    break
-        except CorruptEntry as error:
-            if at_least_one and not count and not self._cut_by_read_limit(chunk, length, position):
-                raise CorruptEntry(f"{self.log_path}, byte {position}: {error}") from error
-        return chunk[:length], count
+        length, count, error = intact_prefix(chunk, offset, max_entries, check_crc)
+        if error is not None and at_least_one and not count and not self._cut_by_read_limit(chunk, length, position):
+            raise CorruptEntry(f"{self.log_path}, byte {position}: {error}") from error
+        return chunk if length == len(chunk) else chunk[:length], count
 
     def _cut_by_read_limit(self, chunk: bytes, good_length: int, position: int) -> bool:
         """Whether the entry after ``good_length`` only looks torn because the read stopped."""
