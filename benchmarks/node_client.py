@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,16 +133,34 @@ def _kill(process: asyncio.subprocess.Process) -> None:
 
 async def run_node(setup: NodeSetup, arguments: list[str], cpu_pids: list[int | None],
                    timeout: float) -> dict[str, Any]:
-    """``node grpc_bench.js ARGUMENTS`` in its READY/GO mode: connected first, then the CPU time of
-    `cpu_pids` counted from GO to its result. The result, with ``server_cpu_seconds``."""
+    """``node grpc_bench.js ARGUMENTS`` in its READY/GO mode (see run_client)."""
     assert setup.node is not None
+    return await run_client([setup.node, str(SCRIPT), *arguments], cpu_pids, timeout, NODE_DIR)
+
+
+async def raw_publish(address: str, stream: str, count: int, window: int, size: int, ack_policy: str,
+                      cpu_pids: list[int | None], timeout: float) -> dict[str, Any]:
+    """benchmarks/raw_publish.py: PublishAsync from a client that writes a window of requests at once
+    (the servers' cost, not grpc-js's); its figures and ``server_cpu_us_per_msg``."""
+    arguments = [sys.executable, str(REPO_ROOT / "benchmarks" / "raw_publish.py"), address, stream, str(count),
+                 str(window), str(size), ack_policy]
+    result = await run_client(arguments, cpu_pids, timeout, REPO_ROOT)
+    if result.get("errors") or result.get("messages") != count:
+        raise BenchError(f"raw publish: {result.get('messages')} of {count} acked, {result.get('errors')} failed")
+    result["server_cpu_us_per_msg"] = 1e6 * result["server_cpu_seconds"] / count
+    return result
+
+
+async def run_client(command: list[str], cpu_pids: list[int | None], timeout: float, cwd: Path) -> dict[str, Any]:
+    """A client process in READY/GO mode: connected first, then the CPU time of `cpu_pids` counted
+    from GO to its result (one JSON line). The result, with ``server_cpu_seconds``."""
     env = {**os.environ, "BENCH_GO": "1", "BASCULE_API_PROTO": str(api_proto())}
     process = await asyncio.create_subprocess_exec(
-        setup.node, str(SCRIPT), *arguments, cwd=NODE_DIR, env=env, start_new_session=True,
+        *command, cwd=cwd, env=env, start_new_session=True,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    what = f"node grpc_bench.js {' '.join(arguments)}"
+    what = " ".join(Path(part).name if index < 2 else part for index, part in enumerate(command))
     try:
         try:
             ready = await asyncio.wait_for(process.stderr.readline(), READY_TIMEOUT)

@@ -117,6 +117,15 @@ async def _acked_bascule(ctx: Context, replicas: int, scenario: str, sync_always
                         "node_grpc_p99_ms": result["p99_ms"], "node_grpc_max_ms": result["max_ms"],
                         "node_grpc_cpu_us_per_msg": result["server_cpu_us_per_msg"],
                         "node_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
+            if variant == "raw_grpc":
+                async with maybe_profile(ctx, f"{scenario}-{variant}", sys_.node_pids(), profiled):
+                    result = await node_client.raw_publish(
+                        sys_.address_of(leader), stream, count, window, size, "ALL", sys_.server_pids(),
+                        timeout=ctx.args.stall_timeout + count / 100)
+                await sys_.client().delete_stream(stream)
+                return {"raw_grpc_rate": result["rate"], "raw_grpc_p50_ms": result["p50_ms"],
+                        "raw_grpc_p99_ms": result["p99_ms"], "raw_grpc_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                        "raw_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
             if variant == "grpc":
                 kind = "bascule_acked_grpc"
                 spec = {"address": sys_.address_of(leader), "stream": stream, "partition": 0}
@@ -167,7 +176,8 @@ async def _acked_jetstream(ctx: Context, replicas: int, scenario: str, sync_alwa
 
 
 async def run_acked_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
-    return await acked_scenario(ctx, system, 3, "acked_r3", variants=("grpc", "nats", "node_grpc"), grpc_floor=True)
+    return await acked_scenario(ctx, system, 3, "acked_r3", variants=("grpc", "nats", "node_grpc", "raw_grpc"),
+                                grpc_floor=True)
 
 
 async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
 from bascule.h2grpc.messages import frame
+from bascule.metadata.state import MetadataState
 from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import publish_subject_error
@@ -35,6 +36,7 @@ class PublishRPCs:
         self.cluster = cluster
         self.replicas = replicas
         self.publishing = publishing
+        self._last_lookup: tuple[MetadataState, tuple[str, int], LedPartition | None] | None = None
 
     async def Publish(self, request, context):
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
@@ -65,14 +67,22 @@ class PublishRPCs:
         is; None when the publish must resume the partition or go to its leader. PublishError when
         it cannot be published at all."""
         self._check_message(request.ByteSize(), request.headers)
-        meta = self.cluster.state.partition(request.stream, request.partition)
-        if meta is None:
-            raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
-        if meta.readonly:
-            raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
-        if meta.paused or meta.leader != self.cluster.server_id:
-            return None
-        return self.replicas.get(request.stream, request.partition)
+        state = self.cluster.state
+        key = (request.stream, request.partition)
+        if self._last_lookup is not None and self._last_lookup[0] is state and self._last_lookup[1] == key:
+            local = self._last_lookup[2]  # a PublishAsync burst asks about one partition many times
+        else:
+            meta = state.partition(request.stream, request.partition)
+            if meta is None:
+                raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
+            if meta.readonly:
+                raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
+            writable = not meta.paused and meta.leader == self.cluster.server_id
+            local = self.replicas.get(request.stream, request.partition) if writable else None
+            if local is not None or not writable:  # not yet opened here: asked again next time
+                # The metadata is an immutable value: while it is the same object, so is the answer.
+                self._last_lookup = (state, key, local)
+        return local
 
     async def _resume_here(self, request: api_pb2.PublishRequest) -> LedPartition | None:
         """Resume the partition if it is paused; the partition if this node leads it."""
@@ -211,14 +221,9 @@ def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
     if request.headers:
         headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
-    else:
-        headers = _subject_headers(local.subject)  # shared: records' headers are only read
-    return Record(value=request.value, key=request.key or None, headers=headers)
-
-
-@functools.lru_cache(maxsize=4096)
-def _subject_headers(subject: str) -> dict[str, bytes]:
-    return {"subject": subject.encode(), "reply": b""}
+        return Record(value=request.value, key=request.key or None, headers=headers)
+    headers, block = capture.stored_headers(local.subject, "")  # shared, and encoded once
+    return Record(value=request.value, key=request.key or None, headers=headers, header_block=block)
 
 
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:

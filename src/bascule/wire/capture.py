@@ -40,7 +40,7 @@ HEADER_CACHE_SIZE = 4096
 _header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
 
 
-def _stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
+def stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
     """The subject/reply headers of a plain message and their encoding, shared by every
     message with the same pair (wildcard streams see many subjects: the cache is bounded)."""
     cached = _header_cache.get((subject, reply))
@@ -68,7 +68,7 @@ def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
         # The capture connection hands out one str per distinct subject: identity finds repeats.
         if delivery_subject is not subject or delivery_reply is not reply:
             subject, reply = delivery_subject, delivery_reply
-            headers, header_block = _stored_headers(subject, reply)
+            headers, header_block = stored_headers(subject, reply)
         record, ack = _record(payload, subject, headers, header_block)
         if ack is not None:
             acks.append((len(records), ack))
@@ -79,7 +79,7 @@ def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
-    return _record(data, subject, *_stored_headers(subject, reply))
+    return _record(data, subject, *stored_headers(subject, reply))
 
 
 def _record(
