@@ -49,7 +49,9 @@ async def run(
 async def _serve(
     config: Config, tasks: Tasks, ready: asyncio.Event | None, stop: asyncio.Event, nodes: list[Node] | None,
 ) -> None:
-    tls = await asyncio.to_thread(server_tls_context, config.tls.cert, config.tls.key) if config.tls.enabled else None
+    tls = None
+    if config.tls.enabled:
+        tls = await asyncio.to_thread(server_tls_context, config.tls.cert, config.tls.key, config.tls.client_auth_ca)
     node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)

@@ -95,6 +95,10 @@ class ApiServicer:
         self.produced = 0  # responses the "flood" Subscribe has yielded
 
     async def Publish(self, request, context):
+        if request.stream == "who-am-i":  # the client certificate's common name, under mutual TLS
+            certificate = context.peer_certificate() or {}
+            names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+            return api_pb2.PublishResponse(correlationId=",".join(names))
         if request.stream == "big-response":
             return api_pb2.PublishResponse(correlationId="r" * request.partition)
         # The value back, as text, and its length: what came in arrives intact.
@@ -658,6 +662,54 @@ async def test_tls_with_a_self_signed_certificate(tmp_path):
             assert (await health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=5)).status == SERVING
 
 
+def issue(directory, name: str, ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None):
+    """A certificate for ``name`` (and localhost, 127.0.0.1) signed by ``ca``, or a CA when ``ca`` is
+    None: (certificate, key, cert file, key file)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(ca[0].subject if ca else subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca is None, path_length=None), critical=True)
+    )
+    if ca is not None:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    certificate = builder.sign(ca[1] if ca else key, hashes.SHA256())
+    cert_file, key_file = directory / f"{name}.pem", directory / f"{name}.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return certificate, key, cert_file, key_file
+
+
+async def test_mutual_tls_admits_only_clients_with_a_certificate_of_the_ca(tmp_path):
+    ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
+    _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
+    _, _, client_cert, client_key = issue(tmp_path, "alice", (ca, ca_key))
+    stranger_ca = issue(tmp_path, "stranger-ca", None)
+    _, _, stranger_cert, stranger_key = issue(tmp_path, "mallory", stranger_ca[:2])
+    context = server_tls_context(str(server_cert), str(server_key), str(ca_file))
+    async with serving(ssl_context=context) as served:
+
+        def credentials(cert=None, key=None):
+            return grpc.ssl_channel_credentials(
+                root_certificates=ca_file.read_bytes(), private_key=key.read_bytes() if key else None,
+                certificate_chain=cert.read_bytes() if cert else None)
+
+        async with grpc.aio.secure_channel(served.address, credentials(client_cert, client_key)) as channel:
+            answer = await api_pb2_grpc.APIStub(channel).Publish(api_pb2.PublishRequest(stream="who-am-i"), timeout=5)
+            assert answer.correlationId == "alice"
+        for refused in (credentials(), credentials(stranger_cert, stranger_key)):
+            async with grpc.aio.secure_channel(served.address, refused) as channel:
+                error = await rpc_error(health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=3))
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+        async with grpc.aio.secure_channel(served.address, credentials(client_cert, client_key)) as channel:
+            assert (await health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=5)).status == SERVING
+
+
 # --- the health service, as a node composes it ----------------------------------------------------
 
 
@@ -671,3 +723,22 @@ async def test_health_service_of_a_real_node(tmp_path):
         watch = stub.Watch(Check(service=""), timeout=5)
         assert (await watch.read()).status == SERVING
         watch.cancel()
+
+
+async def test_a_node_configured_for_mutual_tls_serves_only_certified_clients(tmp_path):
+    ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
+    _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
+    _, _, client_cert, client_key = issue(tmp_path, "alice", (ca, ca_key))
+    settings = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
+                "tls.client.auth.ca": str(ca_file)}
+    (tmp_path / "node").mkdir()
+    async with running_node(tmp_path / "node", **settings) as (_node, address):
+        certified = grpc.ssl_channel_credentials(ca_file.read_bytes(), client_key.read_bytes(),
+                                                 client_cert.read_bytes())
+        async with grpc.aio.secure_channel(address, certified) as channel:
+            metadata = await api_pb2_grpc.APIStub(channel).FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=5)
+            assert metadata.brokers
+        async with grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(ca_file.read_bytes())) as channel:
+            error = await rpc_error(api_pb2_grpc.APIStub(channel).FetchMetadata(api_pb2.FetchMetadataRequest(),
+                                                                                 timeout=3))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error

@@ -506,3 +506,16 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "data").write_text("")
     with pytest.raises(ConfigError, match=r"^data\.dir: .*/data exists and is not a directory"):
         load_config(None, {"data.dir": str(tmp_path / "data")})
+
+
+def test_mutual_tls_needs_server_tls_and_a_client_ca(write_config):
+    config = load_text(write_config,
+                       "tls: {cert: s.pem, key: s.key, client.auth.enabled: true, client.auth.ca: ca.pem}")
+    assert (config.tls.client_auth, config.tls.client_auth_ca) == (True, "ca.pem")
+    for text in (
+        "tls: {client.auth.enabled: true, client.auth.ca: ca.pem}",  # no server certificate
+        "tls: {cert: s.pem, key: s.key, client.auth.enabled: true}",  # no CA to check clients with
+        "tls: {cert: s.pem, key: s.key, client.auth.ca: ca.pem}",  # a CA, but client auth off
+    ):
+        with pytest.raises(ConfigError, match="tls.client.auth"):
+            load_text(write_config, text)

@@ -108,6 +108,10 @@ def _build(values: dict[str, Any]) -> Config:
     tls = TlsConfig(**fields["tls"])
     if bool(tls.cert) != bool(tls.key):
         raise ConfigError("tls.cert, tls.key: expected both set or neither")
+    if tls.client_auth and not (tls.enabled and tls.client_auth_ca):
+        raise ConfigError("tls.client.auth.enabled: needs tls.cert, tls.key and tls.client.auth.ca")
+    if tls.client_auth_ca and not tls.client_auth:
+        raise ConfigError("tls.client.auth.ca: set, but tls.client.auth.enabled is false")
     clustering = ClusteringConfig(**fields["clustering"])
     raft_problem = unauthenticated_raft_error(clustering.raft_listen, clustering.raft_password)
     if raft_problem:

@@ -29,6 +29,8 @@ class LoggingConfig:
 class TlsConfig:
     cert: str = ""
     key: str = ""
+    client_auth: bool = False  # clients must present a certificate signed by client_auth_ca
+    client_auth_ca: str = ""
 
     @property
     def enabled(self) -> bool:

@@ -72,11 +72,15 @@ class CallContext:
     def cancelled(self) -> bool:
         return self._call.cancelled
 
+    def peer_certificate(self) -> dict[str, Any] | None:
+        """The client's verified certificate (ssl's getpeercert() form) under mutual TLS, else None."""
+        return self._call.peer_certificate
+
 
 class _Call:
     __slots__ = (
         "stream_id", "method", "context", "task", "inbox", "inbox_waiter", "requests_ended",
-        "deadline_timer", "expired", "cancelled", "writable",
+        "deadline_timer", "expired", "cancelled", "writable", "peer_certificate",
     )
 
     def __init__(self, stream_id: int, method: Method) -> None:
@@ -91,6 +95,7 @@ class _Call:
         self.expired = False
         self.cancelled = False  # reset by the client, or the connection ended
         self.writable: asyncio.Future[None] | None = None
+        self.peer_certificate: dict[str, Any] | None = None
 
 
 class _Requests:
@@ -134,6 +139,7 @@ class _Connection(asyncio.Protocol):
         self.grpc = GrpcConnection(server.max_message_bytes)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.peer_certificate: dict[str, Any] | None = None
         self.calls: dict[int, _Call] = {}
         self._flush_scheduled = False
         self._paused = False
@@ -152,6 +158,8 @@ class _Connection(asyncio.Protocol):
             log.info("closing a TLS connection from %s that did not negotiate h2", self.peer)
             transport.close()
             return
+        if ssl_object is not None:
+            self.peer_certificate = ssl_object.getpeercert() or None
         self.server.connections.add(self)
         self.grpc.initiate()
         self._write()
@@ -201,6 +209,7 @@ class _Connection(asyncio.Protocol):
             self.grpc.finish(event.stream_id, Status.UNAVAILABLE, "the server is shutting down")
             return
         call = _Call(event.stream_id, method)
+        call.peer_certificate = self.peer_certificate
         deadline = None if event.timeout is None else self.loop.time() + event.timeout
         call.context = CallContext(call, event.metadata, deadline, self.peer, self.loop)
         self.calls[event.stream_id] = call
@@ -458,10 +467,15 @@ def _peer_name(address: Any) -> str:
     return str(address or "")
 
 
-def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """TLS for the server, offering only HTTP/2 (ALPN "h2"), as gRPC requires."""
+def server_tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    """TLS for the server, offering only HTTP/2 (ALPN "h2"), as gRPC requires; with
+    ``client_ca_file``, mutual TLS: a client without a certificate signed by that CA is refused
+    in the handshake."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_file, key_file)
     context.set_alpn_protocols(["h2"])
+    if client_ca_file:
+        context.load_verify_locations(cafile=client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
