@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from bascule.client import ACK_POLICIES, START_POSITIONS, BasculeError, Client
+from bascule.client import ACK_POLICIES, START_POSITIONS, BasculeError, Client, ClientTls
 
 EXIT_ERROR = 1
 
@@ -22,6 +22,9 @@ def _address(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-a", "--address", default="127.0.0.1:9292", help="server address host:port")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    parser.add_argument("--tls-ca", metavar="FILE", help="TLS: the CA that signed the server's certificate")
+    parser.add_argument("--tls-cert", metavar="FILE", help="TLS: this client's certificate (mutual TLS)")
+    parser.add_argument("--tls-key", metavar="FILE", help="TLS: the key of --tls-cert")
 
 
 def _stream(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +142,10 @@ def _jsonable(value: Any) -> Any:
 
 
 async def _admin(args: argparse.Namespace) -> None:
-    async with Client(args.address, timeout=args.timeout) as client:
+    tls = None
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        tls = ClientTls.from_files(args.tls_ca, args.tls_cert, args.tls_key)
+    async with Client(args.address, timeout=args.timeout, tls=tls) as client:
         await ADMIN_COMMANDS[args.command](client, args)
 
 

@@ -11,6 +11,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from google.protobuf.message import Message as ProtoMessage
@@ -127,10 +128,30 @@ def _rpc_errors(call):
     return wrapper
 
 
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS to the server: the CA to check its certificate with (None: the system's), and a client
+    certificate and key for servers that require one (mutual TLS). PEM bytes."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def from_files(cls, ca: str | None = None, cert: str | None = None, key: str | None = None) -> ClientTls:
+        if bool(cert) != bool(key):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+        return cls(*(Path(path).read_bytes() if path else None for path in (ca, cert, key)))
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+
 class Client:
-    def __init__(self, address: str = "127.0.0.1:9292", *, timeout: float = 10.0) -> None:
+    def __init__(self, address: str = "127.0.0.1:9292", *, timeout: float = 10.0, tls: ClientTls | None = None) -> None:
         self.address = address
         self.timeout = timeout
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._leaders: dict[tuple[str, int], str] = {}
 
@@ -148,9 +169,10 @@ class Client:
     def _stub(self, address: str | None = None) -> _APIStub:
         address = address or self.address
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(
-                address,
-                options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+            options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            self._channels[address] = (
+                grpc.aio.insecure_channel(address, options=options) if self.tls is None
+                else grpc.aio.secure_channel(address, self.tls.credentials(), options=options)
             )
         return _APIStub(self._channels[address])
 

@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import re
 import struct
+import sys
 import time
 
 import grpc
@@ -25,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bascule.client import Client, ClientTls
 from bascule.h2grpc import GrpcServer, server_tls_context, service_methods
 from bascule.wire.pb import api_pb2, api_pb2_grpc, health_pb2, health_pb2_grpc
 
@@ -742,3 +744,15 @@ async def test_a_node_configured_for_mutual_tls_serves_only_certified_clients(tm
             error = await rpc_error(api_pb2_grpc.APIStub(channel).FetchMetadata(api_pb2.FetchMetadataRequest(),
                                                                                  timeout=3))
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+
+        # bascule's client and CLI, with and without their certificate
+        tls = ClientTls.from_files(str(ca_file), str(client_cert), str(client_key))
+        async with Client(address, tls=tls) as client:
+            assert (await client.fetch_metadata()).brokers
+        cli = [sys.executable, "-m", "bascule.cli", "metadata", "-a", address, "--json", "--timeout", "3",
+               "--tls-ca", str(ca_file)]
+        for extra, exit_code in (["--tls-cert", str(client_cert), "--tls-key", str(client_key)], 0), ([], 1):
+            process = await asyncio.create_subprocess_exec(*cli, *extra, stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(process.communicate(), 30)
+            assert process.returncode == exit_code, (extra, out, err)
