@@ -28,6 +28,8 @@ from cryptography.x509.oid import NameOID
 
 from bascule.client import Client, ClientTls
 from bascule.h2grpc import GrpcServer, server_tls_context, service_methods
+from bascule.spark.connections import connect
+from bascule.spark.options import parse_read_options
 from bascule.wire.pb import api_pb2, api_pb2_grpc, health_pb2, health_pb2_grpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -749,6 +751,11 @@ async def test_a_node_configured_for_mutual_tls_serves_only_certified_clients(tm
         tls = ClientTls.from_files(str(ca_file), str(client_cert), str(client_key))
         async with Client(address, tls=tls) as client:
             assert (await client.fetch_metadata()).brokers
+        # and the Spark source's connections, from its tlsCa/tlsCert/tlsKey options
+        options = parse_read_options({"brokers": address, "stream": "s", "tlsCa": str(ca_file),
+                                      "tlsCert": str(client_cert), "tlsKey": str(client_key)}, streaming=False)
+        spark_client = await connect(options.brokers, 5, options.tls)
+        await spark_client.close()
         cli = [sys.executable, "-m", "bascule.cli", "metadata", "-a", address, "--json", "--timeout", "3",
                "--tls-ca", str(ca_file)]
         for extra, exit_code in (["--tls-cert", str(client_cert), "--tls-key", str(client_key)], 0), ([], 1):

@@ -125,3 +125,16 @@ def test_streaming_and_write_options():
 def test_write_option_errors(options, message):
     with pytest.raises(BasculeSparkError, match=message):
         parse_write_options(options)
+
+
+def test_tls_options_name_pem_files_and_a_certificate_needs_its_key():
+    from bascule.spark.options import TlsFiles
+
+    base = {"brokers": "h:1", "stream": "s"}
+    assert parse_read_options(base, streaming=False).tls is None
+    read = parse_read_options({**base, "tlsCa": "ca.pem"}, streaming=False)
+    assert read.tls == TlsFiles("ca.pem", None, None)
+    write = parse_write_options({**base, "tlsCa": "ca.pem", "tlsCert": "c.pem", "tlsKey": "k.pem"})
+    assert write.tls == TlsFiles("ca.pem", "c.pem", "k.pem")
+    with pytest.raises(BasculeSparkError, match="tlsCert and tlsKey"):
+        parse_write_options({**base, "tlsCert": "c.pem"})

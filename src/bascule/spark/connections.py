@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from bascule.client import BasculeError, Client
+from bascule.client import BasculeError, Client, ClientTls
 from bascule.spark.errors import BasculeSparkError
+from bascule.spark.options import TlsFiles
 from bascule.spark.retry import READ_RETRY, retried
 
 T = TypeVar("T")
@@ -47,11 +48,12 @@ async def _next(agen: AsyncGenerator[T, None]) -> T:
     return await agen.__anext__()
 
 
-async def connect(brokers: tuple[str, ...], timeout: float) -> Client:
+async def connect(brokers: tuple[str, ...], timeout: float, tls: TlsFiles | None = None) -> Client:
     """A client on the first broker that answers a metadata request."""
     failures = []
+    client_tls = None if tls is None else ClientTls.from_files(tls.ca, tls.cert, tls.key)
     for address in brokers:
-        client = Client(address, timeout=timeout)
+        client = Client(address, timeout=timeout, tls=client_tls)
         try:
             await client.fetch_metadata()
             return client
@@ -62,13 +64,14 @@ async def connect(brokers: tuple[str, ...], timeout: float) -> Client:
 
 
 def run_with_client(
-    brokers: tuple[str, ...], timeout: float, call: Callable[[Client], Awaitable[T]], what: str
+    brokers: tuple[str, ...], timeout: float, call: Callable[[Client], Awaitable[T]], what: str,
+    tls: TlsFiles | None = None,
 ) -> T:
     """`call(client)` on a fresh event loop, tried again (`READ_RETRY`) on a fresh client after
     errors a leader change explains; `what` names it in the log and in the error."""
 
     async def attempt() -> T:
-        client = await connect(brokers, timeout)
+        client = await connect(brokers, timeout, tls)
         try:
             return await call(client)
         finally:

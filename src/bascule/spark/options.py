@@ -29,8 +29,10 @@ READ_OPTIONS = {
     "endingtimestamp", "endingoffsetsbytimestamp",
     "maxmessagespertrigger", "maxoffsetspertrigger", "minpartitions", "maxrecordsperpartition",
     "failondataloss", "readisrreplica", "polltimeoutms", "requesttimeoutms", "maxbatchrows",
+    "tlsca", "tlscert", "tlskey",
 }
-WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "requesttimeoutms"}
+WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "requesttimeoutms",
+                 "tlsca", "tlscert", "tlskey"}
 # Options Spark itself passes along with the user's; never reported as unknown.
 SPARK_OPTIONS = {"path", "paths", "checkpointlocation", "queryname"}
 CANONICAL = {
@@ -39,7 +41,8 @@ CANONICAL = {
         "brokers stream streamPattern assign startingOffsets endingOffsets startingTimestamp "
         "startingOffsetsByTimestamp startingOffsetsByTimestampStrategy endingTimestamp endingOffsetsByTimestamp "
         "maxMessagesPerTrigger maxOffsetsPerTrigger minPartitions maxRecordsPerPartition failOnDataLoss "
-        "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows ackPolicy partitioner writeBatchSize"
+        "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows ackPolicy partitioner writeBatchSize "
+        "tlsCa tlsCert tlsKey"
     ).split()
 }
 
@@ -254,6 +257,24 @@ def _brokers(options: Mapping[str, str]) -> tuple[str, ...]:
     return brokers
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """TLS to the brokers: PEM files on every machine that runs a task (the driver and the
+    executors): the CA of the brokers' certificates, and a client certificate and key for brokers
+    that require one."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+def _tls(options: Mapping[str, str]) -> TlsFiles | None:
+    ca, cert, key = (options.get(name, "").strip() or None for name in ("tlsca", "tlscert", "tlskey"))
+    if bool(cert) != bool(key):
+        raise BasculeSparkError("tlsCert and tlsKey go together: a client certificate needs its key")
+    return TlsFiles(ca, cert, key) if ca or cert else None
+
+
 # ---- read options --------------------------------------------------------------------------------
 
 
@@ -272,6 +293,7 @@ class ReadOptions:
     poll_timeout_ms: int = 120_000
     request_timeout_ms: int = 30_000
     max_batch_rows: int = 10_000
+    tls: TlsFiles | None = None
 
     @property
     def request_timeout(self) -> float:
@@ -304,6 +326,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         poll_timeout_ms=_int(options, "polltimeoutms", 120_000, 1),
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
         max_batch_rows=_int(options, "maxbatchrows", 10_000, 1),
+        tls=_tls(options),
     )
 
 
@@ -362,6 +385,7 @@ class WriteOptions:
     partitioner: str = "key"
     write_batch_size: int = 1000
     request_timeout_ms: int = 30_000
+    tls: TlsFiles | None = None
 
     @property
     def request_timeout(self) -> float:
@@ -381,4 +405,5 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         partitioner=_choice(options, "partitioner", PARTITIONERS, "key"),
         write_batch_size=_int(options, "writebatchsize", 1000, 1),
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
+        tls=_tls(options),
     )

@@ -34,7 +34,7 @@ async def read_range(options: ReadOptions, r: OffsetRange, schema: pa.Schema) ->
     other missing offset is data loss."""
     expected, failures = r.start, 0
     while expected < r.end:
-        client = await connect(options.brokers, options.request_timeout)
+        client = await connect(options.brokers, options.request_timeout, options.tls)
         messages = client.subscribe(
             r.stream, r.partition, offset=expected, stop_offset=r.end - 1, read_isr_replica=options.read_isr_replica
         )

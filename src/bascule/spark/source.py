@@ -138,7 +138,7 @@ class BasculeBatchReader(_Reader, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
         ranges = run_with_client(
-            o.brokers, o.request_timeout, lambda client: lookups.batch_ranges(client, o), "planning the read"
+            o.brokers, o.request_timeout, lambda client: lookups.batch_ranges(client, o), "planning the read", o.tls,
         )
         return self._inputs(ranges)
 
@@ -158,7 +158,7 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         o = self.options
         offsets = run_with_client(
             o.brokers, o.request_timeout, lambda client: lookups.initial_offsets(client, o),
-            "finding the starting offsets",
+            "finding the starting offsets", o.tls,
         )
         self._last_end = offsets
         return offsets_to_json(offsets)
@@ -198,7 +198,7 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         o = self.options
         return run_with_client(
             o.brokers, o.request_timeout, lambda client: lookups.bounds(client, o, begin),
-            "finding the latest offsets",
+            "finding the latest offsets", o.tls,
         )
 
     # -- batches --

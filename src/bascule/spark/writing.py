@@ -43,7 +43,7 @@ def publish(options: WriteOptions, columns: SinkColumns, batches: Iterable[Any])
     """Every row of `batches` (see `arrow.outgoing`) published, on a fresh event loop and client."""
 
     async def connected() -> Published:
-        client = await connect(options.brokers, options.request_timeout)
+        client = await connect(options.brokers, options.request_timeout, options.tls)
         try:
             publisher = Publisher(client, options.ack_policy, options.write_batch_size, options.partitioner)
             for messages in outgoing(batches, columns, options.stream):
