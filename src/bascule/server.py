@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 
+from bascule import logs
 from bascule.api.server import add_services
 from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.h2grpc import GrpcServer, server_tls_context
@@ -89,11 +90,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"bascule server: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.logging.level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    logs.configure(config.logging)
     tune_garbage_collector()
     try:
         asyncio.run(run(config))

@@ -23,6 +23,10 @@ def default_data_dir(namespace: str) -> str:
 @dataclass(frozen=True)
 class LoggingConfig:
     level: str = "info"
+    format: str = "text"  # or "json": one JSON object per line
+    raft: bool = False  # Liftbridge's switches: off, the component logs warnings and errors only
+    nats: bool = False
+    recovery: bool = False
 
 
 @dataclass(frozen=True)

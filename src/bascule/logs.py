@@ -1,0 +1,53 @@
+"""Log output as the configuration asks: text lines for people or JSON lines for machines, and
+Liftbridge's per-component switches (logging.raft, logging.nats, logging.recovery: off, those
+components log warnings and errors only)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from typing import TextIO
+
+from bascule.config.model import LoggingConfig
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+COMPONENT_LOGGERS = {
+    "raft": ("pysyncobj", "bascule.metadata.raft", "bascule.metadata.journal"),
+    "nats": ("nats", "bascule.natsio"),
+    "recovery": ("bascule.partition.log",),
+}
+# Fields a log call may attach (extra=...) that say what the line concerns.
+CONTEXT_FIELDS = ("stream", "partition")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the exception
+    and context fields when there are any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for field in CONTEXT_FIELDS:
+            if hasattr(record, field):
+                entry[field] = getattr(record, field)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure(config: LoggingConfig, stream: TextIO = sys.stderr) -> None:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if config.format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.level.upper())
+    for component, names in COMPONENT_LOGGERS.items():
+        level = logging.NOTSET if getattr(config, component) else logging.WARNING
+        for name in names:
+            logging.getLogger(name).setLevel(level)
