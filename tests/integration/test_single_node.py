@@ -215,6 +215,8 @@ async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):
             assert responses["5"].ack.offset == 0 and responses["5"].ack.stream == "pz"
             codes = {key: api_pb2.PublishAsyncError.Code.Name(responses[key].asyncError.code) for key in "247"}
             assert codes == {"2": "NOT_FOUND", "4": "READONLY", "7": "BAD_REQUEST"}
+            # Each error also carries an empty Ack, as Liftbridge's do: older clients read it unchecked.
+            assert all(responses[key].HasField("ack") and not responses[key].ack.correlationId for key in "247")
             values = [m.value async for m in client.subscribe("ok", start="earliest", stop_latest=True)]
             assert values == [b"a", b"quiet", b"b"]
 

@@ -229,7 +229,10 @@ def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:
     code = getattr(api_pb2.PublishAsyncError.Code, error.async_code)
     return api_pb2.PublishResponse(
-        correlationId=request.correlationId, asyncError=api_pb2.PublishAsyncError(code=code, message=error.message)
+        correlationId=request.correlationId, asyncError=api_pb2.PublishAsyncError(code=code, message=error.message),
+        # An empty Ack, as Liftbridge sends: clients older than asyncError (go-liftbridge <= 2.0.1) read
+        # the ack of every response and would crash on a missing one.
+        ack=api_pb2.Ack(),
     )
 
 
