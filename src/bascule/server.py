@@ -10,7 +10,10 @@ import logging
 import signal
 import sys
 
+import casbin
+
 from bascule import logs
+from bascule.api.authz import Authorization
 from bascule.api.server import add_services
 from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.h2grpc import GrpcServer, server_tls_context
@@ -61,7 +64,8 @@ async def _serve(
         # The API's port goes into the broker registration, so it is bound before the node starts.
         port = await server.bind(config.listen_host, config.port)
         await node.start(port)
-        health = add_services(server, node, node.partitions, node.publishing, node.admin)
+        health = add_services(server, node, node.partitions, node.publishing, node.admin,
+                              await asyncio.to_thread(_authorization, config))
         await server.start()
         health.set_serving(True)
         log.info("gRPC API listening on %s:%s", config.listen_host, port)
@@ -73,6 +77,13 @@ async def _serve(
     finally:
         await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
+
+
+def _authorization(config: Config) -> Authorization | None:
+    """Liftbridge's tls.client.authz: a Casbin enforcer on the configured model and policy files."""
+    if not config.tls.client_authz:
+        return None
+    return Authorization(casbin.Enforcer(config.tls.client_authz_model, config.tls.client_authz_policy))
 
 
 def tune_garbage_collector() -> None:

@@ -763,3 +763,59 @@ async def test_a_node_configured_for_mutual_tls_serves_only_certified_clients(tm
                                                            stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(process.communicate(), 30)
             assert process.returncode == exit_code, (extra, out, err)
+
+
+ACL_MODEL = """
+[request_definition]
+r = sub, obj, act
+
+[policy_definition]
+p = sub, obj, act
+
+[policy_effect]
+e = some(where (p.eft == allow))
+
+[matchers]
+m = r.sub == p.sub && r.obj == p.obj && r.act == p.act
+"""
+
+
+async def test_authorization_by_casbin_policy_on_the_client_certificate(tmp_path):
+    ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
+    _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
+    certified = {name: issue(tmp_path, name, (ca, ca_key))[2:] for name in ("alice", "bob")}
+    (tmp_path / "model.conf").write_text(ACL_MODEL)
+    (tmp_path / "policy.csv").write_text(
+        "p, alice, *, FetchMetadata\np, alice, orders, CreateStream\np, alice, orders, Publish\n")
+    settings = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
+                "tls.client.auth.ca": str(ca_file), "tls.client.authz.enabled": True,
+                "tls.client.authz.model": str(tmp_path / "model.conf"),
+                "tls.client.authz.policy": str(tmp_path / "policy.csv")}
+    (tmp_path / "node").mkdir()
+    async with running_node(tmp_path / "node", **settings) as (_node, address):
+
+        def channel(name: str) -> grpc.aio.Channel:
+            cert, key = certified[name]
+            credentials = grpc.ssl_channel_credentials(ca_file.read_bytes(), key.read_bytes(), cert.read_bytes())
+            return grpc.aio.secure_channel(address, credentials)
+
+        async with channel("alice") as alice, channel("bob") as bob:
+            api = api_pb2_grpc.APIStub(alice)
+            assert (await api.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=5)).brokers
+            await api.CreateStream(api_pb2.CreateStreamRequest(subject="orders", name="orders"), timeout=10)
+            error = await rpc_error(api.CreateStream(api_pb2.CreateStreamRequest(subject="x", name="other"), timeout=5))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+            assert error.details() == "The client is not authorized to call CreateStream on resource other"
+            error = await rpc_error(api_pb2_grpc.APIStub(bob).FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=5))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+
+            async def requests():
+                for stream, correlation in (("orders", "1"), ("other", "2")):
+                    yield api_pb2.PublishRequest(stream=stream, value=b"v", correlationId=correlation,
+                                                 ackPolicy=api_pb2.AckPolicy.LEADER)
+
+            responses = {r.correlationId: r async for r in api.PublishAsync(requests(), timeout=10)}
+            assert not responses["1"].HasField("asyncError") and responses["1"].ack.stream == "orders"
+            assert responses["2"].asyncError.code == api_pb2.PublishAsyncError.Code.PERMISSION_DENIED
+            # the health service answers everyone
+            assert (await health_pb2_grpc.HealthStub(bob).Check(Check(service=""), timeout=5)).status == SERVING

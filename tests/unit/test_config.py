@@ -520,3 +520,17 @@ def test_mutual_tls_needs_server_tls_and_a_client_ca(write_config):
     ):
         with pytest.raises(ConfigError, match="tls.client.auth"):
             load_text(write_config, text)
+
+
+def test_authorization_needs_client_certificates_and_its_files(write_config):
+    mtls = "cert: s.pem, key: s.key, client.auth.enabled: true, client.auth.ca: ca.pem"
+    config = load_text(write_config, "tls: {" + mtls + ", client.authz.enabled: true, client.authz.model: m.conf, "
+                                     "client.authz.policy: p.csv}")
+    assert (config.tls.client_authz, config.tls.client_authz_model, config.tls.client_authz_policy) == (
+        True, "m.conf", "p.csv")
+    for text in (
+        "tls: {cert: s.pem, key: s.key, client.authz.enabled: true, client.authz.model: m, client.authz.policy: p}",
+        "tls: {" + mtls + ", client.authz.enabled: true, client.authz.model: m.conf}",
+    ):
+        with pytest.raises(ConfigError, match="tls.client.authz"):
+            load_text(write_config, text)

@@ -10,9 +10,11 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import grpc
 
+from bascule.api.authz import Authorization, denial
 from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
@@ -32,10 +34,13 @@ Respond = Callable[[list[bytes], int], None]
 
 
 class PublishRPCs:
-    def __init__(self, cluster: Cluster, replicas: Replicas, publishing: Publishing) -> None:
+    def __init__(
+        self, cluster: Cluster, replicas: Replicas, publishing: Publishing, authorization: Authorization | None = None,
+    ) -> None:
         self.cluster = cluster
         self.replicas = replicas
         self.publishing = publishing
+        self.authorization = authorization  # PublishAsync checks each request ("Publish" on its stream)
         self._last_lookup: tuple[MetadataState, tuple[str, int], LedPartition | None] | None = None
 
     async def Publish(self, request, context):
@@ -131,7 +136,8 @@ class PublishRPCs:
             try:
                 async for request in request_iterator:
                     outstanding += 1
-                    self._publish_async(request, respond, burst, slow)
+                    if self._allowed(request, context, respond):
+                        self._publish_async(request, respond, burst, slow)
             finally:
                 reading = False
                 wake.set()
@@ -152,6 +158,13 @@ class PublishRPCs:
             reader.cancel()
             for task in slow:
                 task.cancel()
+
+    def _allowed(self, request: api_pb2.PublishRequest, context: Any, respond: Respond) -> bool:
+        if self.authorization is None or self.authorization.allows(context, request.stream, "Publish"):
+            return True
+        denied = PublishError(grpc.StatusCode.PERMISSION_DENIED, denial(request.stream, "Publish"), "PERMISSION_DENIED")
+        respond([_async_error(request, denied).SerializeToString()] if request.ackPolicy != capture.NONE else [], 1)
+        return False
 
     def _publish_async(
         self, request: api_pb2.PublishRequest, respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],

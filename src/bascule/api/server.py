@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bascule.api.admin import Admin
+from bascule.api.authz import RESOURCES, Authorization
 from bascule.api.cursors import Cursors
 from bascule.api.health import Health
 from bascule.api.ports import Cluster, ClusterQueries, Publishing, Replicas
@@ -53,17 +54,24 @@ class Data:
 
 def add_services(
     server: GrpcServer, cluster: Cluster, replicas: Replicas, publishing: Publishing, queries: ClusterQueries,
+    authorization: Authorization | None = None,
 ) -> Health:
     """Liftbridge's API, the batch data path, the admin API and the health service, served from a
-    node's parts; returns the health service, for the server to say when it serves."""
+    node's parts, every call but health's checked by ``authorization`` when there is one; returns the
+    health service, for the server to say when it serves."""
     subscribe = SubscribeRPCs(cluster, replicas)
     api = API(
-        StreamRPCs(cluster, replicas), PublishRPCs(cluster, replicas, publishing), subscribe,
+        StreamRPCs(cluster, replicas), PublishRPCs(cluster, replicas, publishing, authorization), subscribe,
         Cursors(cluster, replicas, publishing),
     )
     served: list[tuple[Any, object]] = [
         (API_SERVICE, api), (DATA_SERVICE, Data(subscribe)), (ADMIN_SERVICE, Admin(cluster, queries)),
     ]
+    if authorization is not None:
+        for _, servicer in served:
+            for action in RESOURCES:
+                if hasattr(servicer, action):
+                    setattr(servicer, action, authorization.guard(action, getattr(servicer, action)))
     health = Health(service.full_name for service, _ in served)
     served.append((HEALTH_SERVICE, health))
     for service, servicer in served:

@@ -112,6 +112,9 @@ def _build(values: dict[str, Any]) -> Config:
         raise ConfigError("tls.client.auth.enabled: needs tls.cert, tls.key and tls.client.auth.ca")
     if tls.client_auth_ca and not tls.client_auth:
         raise ConfigError("tls.client.auth.ca: set, but tls.client.auth.enabled is false")
+    if tls.client_authz and not (tls.client_auth and tls.client_authz_model and tls.client_authz_policy):
+        raise ConfigError("tls.client.authz.enabled: needs tls.client.auth (the client's identity), "
+                          "tls.client.authz.model and tls.client.authz.policy")
     clustering = ClusteringConfig(**fields["clustering"])
     raft_problem = unauthenticated_raft_error(clustering.raft_listen, clustering.raft_password)
     if raft_problem:

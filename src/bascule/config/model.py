@@ -35,6 +35,9 @@ class TlsConfig:
     key: str = ""
     client_auth: bool = False  # clients must present a certificate signed by client_auth_ca
     client_auth_ca: str = ""
+    client_authz: bool = False  # calls checked by a Casbin model and policy (files)
+    client_authz_model: str = ""
+    client_authz_policy: str = ""
 
     @property
     def enabled(self) -> bool:
