@@ -534,3 +534,11 @@ def test_authorization_needs_client_certificates_and_its_files(write_config):
     ):
         with pytest.raises(ConfigError, match="tls.client.authz"):
             load_text(write_config, text)
+
+
+def test_nats_urls_are_logged_without_their_secrets():
+    from bascule.natsio.urls import redacted
+
+    assert redacted("nats://alice:s3cret@10.0.0.1:4222") == "nats://alice:***@10.0.0.1:4222"
+    assert redacted("nats://t0ken@nats.example:4222") == "nats://***@nats.example:4222"
+    assert redacted("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"

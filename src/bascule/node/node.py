@@ -25,6 +25,7 @@ from bascule.metadata.state import ALREADY_EXISTS, INVALID_ARGUMENT, MetadataSta
 from bascule.natsio.capture import CaptureConnection
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.natsio.server import EmbeddedNats
+from bascule.natsio.urls import redacted
 from bascule.node import identity
 from bascule.node.admin import ADMIN_TIMEOUT, AdminQueries
 from bascule.node.capture import CapturePath
@@ -141,7 +142,7 @@ class Node:
         if registration is not None:
             await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
         Maintenance(self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks).start()
-        log.info("node %s started: nats %s, raft %s", self.server_id, nats_url, raft_address)
+        log.info("node %s started: nats %s, raft %s", self.server_id, [redacted(url) for url in nats_url], raft_address)
 
     async def stop(self) -> None:
         await self.tasks.close()
