@@ -289,18 +289,6 @@ def decode_entries(buf: bytes | bytearray | memoryview, check_crc: bool = True) 
     return entries
 
 
-def entry_parts(
-    buf: bytes | bytearray | memoryview,
-) -> Iterator[tuple[int, int, memoryview | None, memoryview, bytes | None]]:
-    """(offset, timestamp, key, value, header block) of each whole entry of ``buf``, whose CRCs
-    were checked when it was read; key and value are views into ``buf``, the header block (for
-    ``decode_header_block``) is None when the entry has no headers. CorruptEntry as decode_entries."""
-    view = memoryview(buf)
-    for offset, _, timestamp, start, end in scan(view, check_crc=False):
-        key, value, header_block = _body_parts(view, start + HEADER_SIZE, end, offset)
-        yield offset, timestamp, key, value, header_block
-
-
 def _body_parts(
     view: memoryview, position: int, end: int, offset: int
 ) -> tuple[memoryview | None, memoryview, bytes | None]:
@@ -331,7 +319,7 @@ def _body_parts(
 
 
 def decode_header_block(block: bytes, offset: int) -> dict[str, bytes]:
-    """The headers of a header block from ``entry_parts`` (count, then name/value pairs); the
+    """The headers of an entry's header block (count, then name/value pairs); the
     result is shared between entries with the same block: not to be changed."""
     headers = _decoded_header_blocks.get(block)
     if headers is None:
