@@ -1,6 +1,6 @@
 import pytest
 
-from bascule.api.positions import EndOfStream, LogBounds, PositionError, start_offset, stop_rule
+from bascule.api.positions import EndOfStream, LogBounds, PositionError, start_offset, stop_offset
 from bascule.wire.names import partition_subject, stream_name_error, subject_error
 from bascule.wire.pb import api_pb2
 
@@ -32,7 +32,7 @@ def test_partition_subjects():
     assert partition_subject("foo", 0) == "foo" and partition_subject("foo", 3) == "foo.3"
 
 
-BOUNDS = LogBounds(oldest=10, newest=19, high_watermark=19)
+BOUNDS = LogBounds(oldest=10, newest=19)
 
 
 @pytest.mark.parametrize("request_fields,expected", [
@@ -50,30 +50,41 @@ def test_start_positions(request_fields, expected):
 
 
 def test_latest_of_empty_log_is_its_start():
-    assert start_offset(api_pb2.SubscribeRequest(startPosition=Start.LATEST), LogBounds(0, -1, -1), None) == 0
+    assert start_offset(api_pb2.SubscribeRequest(startPosition=Start.LATEST), LogBounds(0, -1), None) == 0
 
 
 def test_negative_offsets_are_invalid():
     with pytest.raises(PositionError):
         start_offset(api_pb2.SubscribeRequest(startPosition=Start.OFFSET, startOffset=-1), BOUNDS, None)
     with pytest.raises(PositionError):
-        stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_OFFSET, stopOffset=-5), BOUNDS)
+        stop_offset(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_OFFSET, stopOffset=-5), BOUNDS, None)
 
 
 def test_unknown_positions_are_invalid():
     with pytest.raises(PositionError):
         start_offset(api_pb2.SubscribeRequest(startPosition=42), BOUNDS, None)
     with pytest.raises(PositionError):
-        stop_rule(api_pb2.SubscribeRequest(stopPosition=42), BOUNDS)
+        stop_offset(api_pb2.SubscribeRequest(stopPosition=42), BOUNDS, None)
 
 
-def test_stop_rules():
-    latest = stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_LATEST), BOUNDS)
-    assert latest.done_after(19) and not latest.done_after(18)
-    by_time = stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_TIMESTAMP, stopTimestamp=50), BOUNDS)
-    assert by_time.done_before(11, 51) and not by_time.done_before(11, 50)
+def test_stop_positions_resolve_to_an_offset_when_the_subscription_starts():
+    def request(**fields):
+        return api_pb2.SubscribeRequest(**fields)
+
+    assert stop_offset(request(), BOUNDS, None) is None
+    assert stop_offset(request(stopPosition=Stop.STOP_LATEST), BOUNDS, None) == 19  # the newest, not the HW
+    assert stop_offset(request(stopPosition=Stop.STOP_OFFSET, stopOffset=15), BOUNDS, None) == 15
+    stamped = {10: 100, 11: 200, 12: 200, 13: 300}  # offset -> timestamp
+
+    def latest_offset_at(time: int) -> int:
+        return max((offset for offset, stamp in stamped.items() if stamp <= time), default=9)
+
+    assert stop_offset(request(stopPosition=Stop.STOP_TIMESTAMP, stopTimestamp=250), BOUNDS, latest_offset_at) == 12
+    assert stop_offset(request(stopPosition=Stop.STOP_TIMESTAMP, stopTimestamp=200), BOUNDS, latest_offset_at) == 12
     with pytest.raises(EndOfStream):
-        stop_rule(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_LATEST), LogBounds(0, -1, -1))
+        stop_offset(request(stopPosition=Stop.STOP_TIMESTAMP, stopTimestamp=99), BOUNDS, latest_offset_at)
+    with pytest.raises(EndOfStream):
+        stop_offset(request(stopPosition=Stop.STOP_LATEST), LogBounds(0, -1), None)
 
 
 @pytest.mark.parametrize("bad", ["a\u00a0b", "a\u200bb", "a\u2028b", "a\tb", "a\r\nb", "a\x00b", "a\x7fb"])

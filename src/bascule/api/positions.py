@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bascule.wire.entry import scan
 from bascule.wire.pb import api_pb2
 
 Start = api_pb2.StartPosition
@@ -24,31 +23,6 @@ class EndOfStream(Exception):
 class LogBounds:
     oldest: int
     newest: int  # -1 when empty
-    high_watermark: int
-
-
-@dataclass(frozen=True)
-class StopRule:
-    offset: int | None = None  # last offset to send
-    timestamp: int | None = None  # send messages up to this time (ns)
-
-    def done_before(self, offset: int, timestamp: int) -> bool:
-        if self.timestamp is not None and timestamp > self.timestamp:
-            return True
-        return self.offset is not None and offset > self.offset
-
-    def done_after(self, offset: int) -> bool:
-        return self.offset is not None and offset >= self.offset
-
-    def cut(self, chunk: bytes, last: int) -> bytes:
-        """The leading entries of stored ``chunk`` (ending with offset ``last``) this rule still
-        lets through."""
-        if self.timestamp is None and (self.offset is None or last <= self.offset):
-            return chunk
-        for offset, _, timestamp, start, _ in scan(chunk, check_crc=False):
-            if self.done_before(offset, timestamp):
-                return chunk[:start]
-        return chunk
 
 
 def start_offset(
@@ -70,18 +44,27 @@ def start_offset(
     raise PositionError(f"Unknown StartPosition {position}")
 
 
-def stop_rule(request: api_pb2.SubscribeRequest, bounds: LogBounds) -> StopRule:
+def stop_offset(
+    request: api_pb2.SubscribeRequest, bounds: LogBounds, latest_offset_at: Callable[[int], int]
+) -> int | None:
+    """The last offset the subscription sends, None to follow new messages until cancelled.
+    Liftbridge resolves every stop position to an offset when the subscription starts: the
+    newest offset for STOP_LATEST, the latest offset stamped at or before the time for
+    STOP_TIMESTAMP (``latest_offset_at``)."""
     position = request.stopPosition
     if position == Stop.STOP_ON_CANCEL:
-        return StopRule()
+        return None
     if position == Stop.STOP_OFFSET:
         if request.stopOffset < 0:
             raise PositionError(f"Invalid stop offset {request.stopOffset}")
-        return StopRule(offset=request.stopOffset)
+        return request.stopOffset
     if position == Stop.STOP_LATEST:
-        if bounds.high_watermark < bounds.oldest:
+        if bounds.newest < bounds.oldest:
             raise EndOfStream("Stream is empty")
-        return StopRule(offset=bounds.high_watermark)
+        return bounds.newest
     if position == Stop.STOP_TIMESTAMP:
-        return StopRule(timestamp=request.stopTimestamp)
+        last = latest_offset_at(request.stopTimestamp)
+        if last < bounds.oldest:
+            raise EndOfStream("Stop timestamp is before the beginning of the log")
+        return last
     raise PositionError(f"Unknown StopPosition {position}")

@@ -15,7 +15,7 @@ from bascule.h2grpc import Framed
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.batches import as_subscribe_request
-from bascule.wire.entry import CorruptEntry, first_offset, last_offset
+from bascule.wire.entry import CorruptEntry, EntryWalk, stored_prefix
 from bascule.wire.messages import MessageEncoder
 from bascule.wire.pb import api_pb2, data_pb2
 
@@ -33,49 +33,41 @@ class SubscribeRPCs:
         self.replicas = replicas
 
     async def Subscribe(self, request, context):
-        replica, offset, stop = await self._open(request, context)
+        replica, offset, last = await self._open(request, context)
         yield api_pb2.Message()  # handshake: clients wait for it before reading
-        encoder = MessageEncoder(request.stream, request.partition)
-        async for chunk, last in _committed_chunks(replica, offset, SUBSCRIBE_BATCH_BYTES, context):
-            kept = stop.cut(chunk, last)
-            if kept:
-                try:
-                    yield Framed(encoder.encode(kept))
-                except CorruptEntry as exc:
-                    await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry: {exc}")
-            sent = last if len(kept) == len(chunk) else last_offset(kept) if kept else first_offset(chunk) - 1
-            if stop.done_after(sent):
+        walk = MessageEncoder(request.stream, request.partition).walk
+        async for messages, sent in _committed(replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context):
+            yield Framed(messages)
+            if sent == last:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
-            if len(kept) < len(chunk):
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop timestamp reached")
 
     async def SubscribeBatches(self, request, context):
         if request.maxBytes > MAX_BATCH_BYTES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
             )
-        replica, offset, stop = await self._open(as_subscribe_request(request), context)
+        replica, offset, last = await self._open(as_subscribe_request(request), context)
         max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
-        async for chunk, last in _committed_chunks(replica, offset, max_bytes, context):
-            kept = stop.cut(chunk, last)
-            if kept:
-                yield data_pb2.EntryBatch(entries=kept)
-            if len(kept) < len(chunk) or stop.done_after(last):
+        async for entries, sent in _committed(replica, offset, last, max_bytes, stored_prefix, context):
+            yield data_pb2.EntryBatch(entries=entries)
+            if sent == last:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop position reached")
 
-    async def _open(self, request, context) -> tuple[PartitionReplica, int, positions.StopRule]:
-        """The replica to read, the first offset and the stop rule, or the call aborted."""
+    async def _open(self, request, context) -> tuple[PartitionReplica, int, int | None]:
+        """The replica to read, the first offset and the last (None: follow until cancelled),
+        or the call aborted."""
         local = await readable_partition(
             self.cluster, self.replicas, request.stream, request.partition, context, allow_isr=request.readISRReplica
         )
         replica = local.replica
-        bounds = positions.LogBounds(replica.log.oldest_offset, replica.log.newest_offset, replica.high_watermark)
+        log = replica.log
+        bounds = positions.LogBounds(log.oldest_offset, log.newest_offset)
         try:
-            start = positions.start_offset(request, bounds, replica.log.offset_for_timestamp)
-            stop = positions.stop_rule(request, bounds)
-            if stop.offset is not None and start > stop.offset:
+            start = positions.start_offset(request, bounds, log.offset_for_timestamp)
+            last = positions.stop_offset(request, bounds, lambda time: log.offset_for_timestamp(time + 1) - 1)
+            if last is not None and start > last:
                 raise positions.EndOfStream("Stop offset reached")  # nothing to send: end now, not wait
-            return replica, start, stop
+            return replica, start, last
         except positions.PositionError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:
@@ -83,38 +75,35 @@ class SubscribeRPCs:
         raise AssertionError("unreachable: abort raises")
 
 
-async def _committed_chunks(
-    replica: PartitionReplica, offset: int, max_bytes: int, context: grpc.aio.ServicerContext
+async def _committed(
+    replica: PartitionReplica,
+    offset: int,
+    last: int | None,
+    max_bytes: int,
+    walk: EntryWalk,
+    context: grpc.aio.ServicerContext,
 ) -> AsyncIterator[tuple[bytes, int]]:
-    """Committed entries from ``offset`` on, as stored, with the offset of the last one, until
-    the call ends; waits for more."""
+    """What ``walk`` makes of the committed entries from ``offset`` to ``last`` (None: on and
+    on, waiting for more), with the offset of the last entry in each, until the call ends."""
     replica.readers += 1
     try:
-        async for chunk in _chunks_from(replica, offset, max_bytes, context):
-            yield chunk
+        while True:
+            try:
+                made, count = replica.read_committed_through(offset, max_bytes, last, walk)
+            except OffsetOutOfRange:
+                offset = replica.log.oldest_offset  # retention removed what we were about to read
+                continue
+            except CorruptEntry as exc:
+                log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
+                await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+            if count:
+                offset += count
+                yield made, offset - 1
+                continue
+            await _end_of_data(replica, offset, context)
+            await replica.wait_for_data(IDLE_RECHECK)
     finally:
         replica.readers -= 1
-
-
-async def _chunks_from(
-    replica: PartitionReplica, offset: int, max_bytes: int, context: grpc.aio.ServicerContext
-) -> AsyncIterator[tuple[bytes, int]]:
-    while True:
-        try:
-            chunk, count = replica.read_committed_raw(offset, max_bytes)
-        except OffsetOutOfRange:
-            offset = replica.log.oldest_offset  # retention removed what we were about to read
-            continue
-        except CorruptEntry as exc:
-            log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
-            await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
-        if chunk:
-            last = offset + count - 1
-            offset = last + 1
-            yield chunk, last
-            continue
-        await _end_of_data(replica, offset, context)
-        await replica.wait_for_data(IDLE_RECHECK)
 
 
 async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio.ServicerContext) -> None:

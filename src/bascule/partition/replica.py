@@ -19,7 +19,7 @@ from functools import partial
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
-from bascule.wire.entry import Entry, Record, WalkedEntry, record_error
+from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, record_error, stored_prefix
 
 log = logging.getLogger(__name__)
 
@@ -437,13 +437,15 @@ class PartitionReplica:
             return []
         return self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
 
-    def read_committed_raw(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """Stored bytes of committed entries from ``offset`` (CRC-checked) and how many they
-        hold, (b"", 0) when none."""
-        hw = self.log.high_watermark
-        if offset > hw:
+    def read_committed_through(
+        self, offset: int, max_bytes: int, last: int | None = None, walk: EntryWalk = stored_prefix
+    ) -> tuple[bytes, int]:
+        """What ``walk`` makes of the committed entries from ``offset`` up to ``last`` (checked as
+        it walks them; their stored bytes by default), and how many they are; (b"", 0) when none."""
+        until = self.log.high_watermark if last is None else min(last, self.log.high_watermark)
+        if offset > until:
             return b"", 0
-        return self.log.read_raw_counted(offset, max_bytes, max_entries=hw - offset + 1)
+        return self.log.read_through(offset, max_bytes, until - offset + 1, walk)
 
     async def sync(self) -> None:
         """fsync the log in a thread (the ``interval`` sync policy); a failure fails the replica

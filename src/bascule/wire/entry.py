@@ -19,7 +19,7 @@ its tests hold it to ``decode_entries``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -37,7 +37,7 @@ _UINT16 = struct.Struct(">H")
 
 _NO_KEY = -1
 _NO_HEADERS = b"\x00\x00"
-_EMPTY_BODY_SIZE = KEY_AND_VALUE_LENGTHS.size + _UINT16.size  # no key, empty value, no headers
+EMPTY_BODY_SIZE = KEY_AND_VALUE_LENGTHS.size + _UINT16.size  # no key, empty value, no headers
 _MAX_UINT16 = 0xFFFF
 _MAX_UINT32 = 0xFFFFFFFF
 _MAX_INT32 = 0x7FFFFFFF
@@ -46,6 +46,9 @@ _MAX_UINT64 = (1 << 64) - 1
 
 
 WalkedEntry = tuple[int, int, int, int, int]  # what scan() yields: offset, leader epoch, timestamp, start, end
+# A reader's walk over stored bytes (``stored_prefix``, Subscribe's ``MessageEncoder.walk``):
+# (bytes, first offset, max entries, check CRC) -> (length, count, error, what it makes of them).
+EntryWalk = Callable[[bytes, int, int, bool], tuple[int, int, "CorruptEntry | None", bytes]]
 
 
 class CorruptEntry(ValueError):
@@ -193,10 +196,10 @@ def scan(
             )
         if check_crc:
             _check_crc(view, position, body_start, end, stored_crc, offset)
-        if body_size < _EMPTY_BODY_SIZE:
+        if body_size < EMPTY_BODY_SIZE:
             raise CorruptEntry(
                 f"entry at byte {position} (offset {offset}) has a {body_size}-byte body, "
-                f"below the minimum of {_EMPTY_BODY_SIZE}"
+                f"below the minimum of {EMPTY_BODY_SIZE}"
             )
         yield offset, leader_epoch, timestamp, position, end
         position = end
@@ -212,21 +215,39 @@ def intact_prefix(
     unpack, size, position, count, expected = ENTRY_HEADER.unpack_from, len(buf), 0, 0, first_offset
     while position < size and count < max_entries:
         if size - position < HEADER_SIZE:
-            return position, count, CorruptEntry(f"torn entry header at byte {position}")
+            return position, count, entry_error(buf, position, expected)
         offset, _, _, body_size, stored_crc = unpack(buf, position)
         end = position + HEADER_SIZE + body_size
-        if offset != expected:
-            return position, count, CorruptEntry(f"expected offset {expected}, found {offset}")
-        if end > size:
-            return position, count, CorruptEntry(f"torn entry at byte {position} (offset {offset})")
-        if body_size < _EMPTY_BODY_SIZE:
-            return position, count, CorruptEntry(f"entry {offset} at byte {position} has a {body_size}-byte body")
         # Slices of bytes, not of a memoryview: cheaper for entries of a few hundred bytes.
-        if check_crc and crc32c(buf[position + HEADER_SIZE:end], crc32c(buf[position:position + CRC_POSITION])) \
-                != stored_crc:
-            return position, count, CorruptEntry(f"CRC mismatch in entry at byte {position} (offset {offset})")
+        if offset != expected or end > size or body_size < EMPTY_BODY_SIZE or check_crc and \
+                crc32c(buf[position + HEADER_SIZE:end], crc32c(buf[position:position + CRC_POSITION])) != stored_crc:
+            return position, count, entry_error(buf, position, expected)
         position, count, expected = end, count + 1, expected + 1
     return position, count, None
+
+
+def stored_prefix(
+    buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
+) -> tuple[int, int, CorruptEntry | None, bytes]:
+    """``intact_prefix`` as an ``EntryWalk``: the entries' own bytes."""
+    length, count, error = intact_prefix(buf, first_offset, max_entries, check_crc)
+    return length, count, error, buf if length == len(buf) else buf[:length]
+
+
+def entry_error(buf: bytes, position: int, expected_offset: int) -> CorruptEntry:
+    """Why the entry at ``position`` of ``buf`` is not the whole, intact entry ``expected_offset``
+    (the walks above find that it is not, and leave saying why to here)."""
+    if len(buf) - position < HEADER_SIZE:
+        return CorruptEntry(f"torn entry header at byte {position}")
+    offset, _, _, body_size, stored_crc = ENTRY_HEADER.unpack_from(buf, position)
+    end = position + HEADER_SIZE + body_size
+    if offset != expected_offset:
+        return CorruptEntry(f"expected offset {expected_offset}, found {offset}")
+    if end > len(buf):
+        return CorruptEntry(f"torn entry at byte {position} (offset {offset})")
+    if body_size < EMPTY_BODY_SIZE:
+        return CorruptEntry(f"entry {offset} at byte {position} has a {body_size}-byte body")
+    return CorruptEntry(f"CRC mismatch in entry at byte {position} (offset {offset})")
 
 
 def _check_crc(

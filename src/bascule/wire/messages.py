@@ -13,7 +13,18 @@ from __future__ import annotations
 
 import struct
 
-from bascule.wire.entry import ENTRY_HEADER, HEADER_SIZE, KEY_AND_VALUE_LENGTHS, CorruptEntry, decode_header_block
+from crc32c import crc32c
+
+from bascule.wire.entry import (
+    CRC_POSITION,
+    EMPTY_BODY_SIZE,
+    ENTRY_HEADER,
+    HEADER_SIZE,
+    KEY_AND_VALUE_LENGTHS,
+    CorruptEntry,
+    decode_header_block,
+    entry_error,
+)
 
 # Field tags: (field number << 3) | wire type (0 varint, 2 length-delimited).
 _OFFSET, _KEY, _VALUE, _TIMESTAMP = b"\x08", b"\x12", b"\x1a", b"\x20"
@@ -60,54 +71,68 @@ class MessageEncoder:
         # header block -> the call's fields and the encoded subject, reply subject and headers
         self._shared_fields: dict[bytes, bytes] = {}
 
-    def encode(self, chunk: bytes) -> bytes:
-        """The framed Messages of every entry of the stored ``chunk`` (whole entries whose CRCs
-        were checked as they were read). CorruptEntry for a body whose lengths do not add up."""
+    def walk(
+        self, chunk: bytes, first_offset: int, max_entries: int, check_crc: bool = True
+    ) -> tuple[int, int, CorruptEntry | None, bytes]:
+        """(length, count, error, framed): the whole, intact entries at the start of the stored
+        ``chunk`` that continue from ``first_offset``, at most ``max_entries``, as
+        ``intact_prefix`` finds them, and their framed Messages. A log reads through it
+        (``CommitLog.read_through``): one walk that checks and encodes each entry."""
         # Per entry, as few Python operations as the format allows: this loop is Subscribe's cost.
         parts: list[bytes] = []
         extend = parts.extend
         unpack_header, unpack_lengths, unpack_uint32 = ENTRY_HEADER.unpack_from, KEY_AND_VALUE_LENGTHS.unpack_from, \
             _UINT32.unpack_from
         prefix, shared_fields, small, low = _GRPC_PREFIX.pack, self._shared_fields, _SMALL_VARINTS, _LOW_14_BITS
-        last_block, shared = None, b""
-        last_timestamp, time_field = None, b""
-        size = len(chunk)
-        position = 0
-        while position < size:
-            offset, timestamp, _, body_size, _ = unpack_header(chunk, position)
+        last_block, tail = None, b""
+        last_timestamp, time_field, shared = None, b"", b""
+        size, position, expected, stop = len(chunk), 0, first_offset, first_offset + max_entries
+        error = None
+        while position < size and expected < stop:
+            if size - position < HEADER_SIZE:
+                error = entry_error(chunk, position, expected)
+                break
+            offset, timestamp, _, body_size, stored_crc = unpack_header(chunk, position)
             body = position + HEADER_SIZE
             end = body + body_size
+            if offset != expected or end > size or body_size < EMPTY_BODY_SIZE or check_crc and \
+                    crc32c(chunk[body:end], crc32c(chunk[position:position + CRC_POSITION])) != stored_crc:
+                error = entry_error(chunk, position, expected)
+                break
             key_length, value_length = unpack_lengths(chunk, body)
             if key_length == -1:
                 key = None
                 value_start = body + 8
-            elif 0 <= key_length <= body_size - 10:
+            elif 0 <= key_length <= body_size - EMPTY_BODY_SIZE:
                 key = chunk[body + 4:body + 4 + key_length]
                 (value_length,) = unpack_uint32(chunk, body + 4 + key_length)
                 value_start = body + 8 + key_length
             else:
-                raise CorruptEntry(f"entry at offset {offset} has a bad key length {key_length}")
+                error = CorruptEntry(f"entry at offset {offset} has a bad key length {key_length}")
+                break
             value_end = value_start + value_length
-            if value_end + 2 > end or end > size:
-                raise CorruptEntry(f"entry at offset {offset}: its key and value overrun its body")
+            if value_end + 2 > end:
+                error = CorruptEntry(f"entry at offset {offset}: its key and value overrun its body")
+                break
             block = chunk[value_end:end]
             if block != last_block:
                 last_block = block
                 shared = shared_fields.get(block) or self._encode_shared_fields(block, offset)
+                tail = time_field + shared
             if timestamp != last_timestamp:  # a burst's entries share theirs
                 last_timestamp, time_field = timestamp, _TIMESTAMP + varint(timestamp)
+                tail = time_field + shared
             head = _OFFSET + (small[offset] if offset < 16384 else
                               low[offset & 0x3FFF] + small[offset >> 14] if offset < _FOUR_GROUPS else varint(offset))
             head += _VALUE + (small[value_length] if value_length < 16384 else varint(value_length))
-            length = len(head) + value_length + len(time_field) + len(shared)
+            length = len(head) + value_length + len(tail)
             if key:
                 key_field = _KEY + varint(key_length) + key
-                length += len(key_field)
-                extend((prefix(0, length), key_field, head, chunk[value_start:value_end], time_field, shared))
+                extend((prefix(0, length + len(key_field)), key_field, head, chunk[value_start:value_end], tail))
             else:
-                extend((prefix(0, length), head, chunk[value_start:value_end], time_field, shared))
-            position = end
-        return b"".join(parts)
+                extend((prefix(0, length), head, chunk[value_start:value_end], tail))
+            position, expected = end, expected + 1
+        return position, expected - first_offset, error, b"".join(parts)
 
     def _encode_shared_fields(self, block: bytes, offset: int) -> bytes:
         headers = decode_header_block(block, offset) if block != _NO_HEADERS else {}

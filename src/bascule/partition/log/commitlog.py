@@ -40,11 +40,13 @@ from bascule.partition.log.segment import (
 from bascule.wire.entry import (
     CorruptEntry,
     Entry,
+    EntryWalk,
     Record,
     WalkedEntry,
     decode_entries,
     encode_entries,
     scan,
+    stored_prefix,
 )
 
 logger = logging.getLogger(__name__)
@@ -445,16 +447,22 @@ class CommitLog:
         ``check_crc=False`` is for bytes whose receiver checks them (replication)."""
         return self._read_raw(offset, max_bytes, max_entries, check_crc)[0]
 
-    def read_raw_counted(self, offset: int, max_bytes: int, max_entries: int = sys.maxsize) -> tuple[bytes, int]:
-        """``read_raw``, CRC-checked, and how many entries the bytes hold."""
-        return self._read_raw(offset, max_bytes, max_entries)
+    def read_through(
+        self, offset: int, max_bytes: int, max_entries: int = sys.maxsize, walk: EntryWalk = stored_prefix
+    ) -> tuple[bytes, int]:
+        """What ``walk`` makes of the entries ``read_raw`` would return (CRC-checked by the walk
+        itself), and how many they are: one pass over each entry for a reader that turns them
+        into something else (Subscribe's Messages)."""
+        return self._read_raw(offset, max_bytes, max_entries, walk=walk)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
         """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
         of stored bytes unless the first entry alone is bigger."""
         return decode_entries(self._read_raw(offset, max_bytes, max_entries)[0], check_crc=False)
 
-    def _read_raw(self, offset: int, max_bytes: int, max_entries: int, check_crc: bool = True) -> tuple[bytes, int]:
+    def _read_raw(
+        self, offset: int, max_bytes: int, max_entries: int, check_crc: bool = True, walk: EntryWalk = stored_prefix
+    ) -> tuple[bytes, int]:
         """Whole entries from ``offset``, every one CRC-checked. They stop before a damaged
         entry, and CorruptEntry is raised when reading from one, never its bytes returned."""
         if not self.oldest_offset <= offset <= self.next_offset:
@@ -466,12 +474,8 @@ class CommitLog:
         remaining_entries = max_entries
         for segment in self._segments[self._segment_index_for(offset) :]:
             try:
-                chunk, count = segment.read_entries(
-                    offset,
-                    remaining_bytes,
-                    remaining_entries,
-                    at_least_one=not parts,
-                    check_crc=check_crc,
+                chunk, count, length = segment.read_entries(
+                    offset, remaining_bytes, remaining_entries, at_least_one=not parts, check_crc=check_crc, walk=walk
                 )
             except CorruptEntry:
                 self._note_damage_in(segment, offset)
@@ -479,7 +483,7 @@ class CommitLog:
             if chunk:
                 parts.append(chunk)
             offset += count
-            remaining_bytes -= len(chunk)
+            remaining_bytes -= length
             remaining_entries -= count
             if offset < segment.next_offset or remaining_bytes <= 0 or remaining_entries == 0:
                 break

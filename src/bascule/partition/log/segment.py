@@ -21,10 +21,11 @@ from bascule.wire.entry import (
     ENTRY_HEADER,
     HEADER_SIZE,
     CorruptEntry,
+    EntryWalk,
     WalkedEntry,
-    intact_prefix,
     offset_and_epoch,
     scan,
+    stored_prefix,
 )
 
 LOG_SUFFIX = ".log"
@@ -388,11 +389,19 @@ class Segment:
         return self.size == 0
 
     def read_entries(
-        self, offset: int, max_bytes: int, max_entries: int, at_least_one: bool, check_crc: bool = True
-    ) -> tuple[bytes, int]:
-        """(bytes, count) of whole, CRC-checked entries from ``offset``, within the limits.
+        self,
+        offset: int,
+        max_bytes: int,
+        max_entries: int,
+        at_least_one: bool,
+        check_crc: bool = True,
+        walk: EntryWalk = stored_prefix,
+    ) -> tuple[bytes, int, int]:
+        """(made, count, length): what ``walk`` makes of the whole, CRC-checked entries from
+        ``offset`` within the limits (their own bytes by default), how many they are and their
+        stored length.
 
-        ``at_least_one`` returns the first entry even when it is bigger than ``max_bytes``.
+        ``at_least_one`` takes the first entry even when it is bigger than ``max_bytes``.
         The entries stop before a damaged one; if that is the first, CorruptEntry is raised
         (when ``at_least_one``), so a reader gets every good entry and then the error.
         """
@@ -402,10 +411,10 @@ class Segment:
         if at_least_one:
             wanted = min(max(wanted, self._entry_size_at(position)), available)
         chunk = os.pread(self._log_fd, wanted, position)
-        length, count, error = intact_prefix(chunk, offset, max_entries, check_crc)
+        length, count, error, walked = walk(chunk, offset, max_entries, check_crc)
         if error is not None and at_least_one and not count and not self._cut_by_read_limit(chunk, length, position):
             raise CorruptEntry(f"{self.log_path}, byte {position}: {error}") from error
-        return chunk if length == len(chunk) else chunk[:length], count
+        return walked, count, length
 
     def _cut_by_read_limit(self, chunk: bytes, good_length: int, position: int) -> bool:
         """Whether the entry after ``good_length`` only looks torn because the read stopped."""
