@@ -38,18 +38,31 @@ async def test_status_and_partitions_describe_the_cluster():
         assert all(r["lag"] == 0 and r["reachable"] for r in first["replicaStatus"])
 
 
+SHARED_SECRET = {"BASCULE_RAFT_PASSWORD": "the cluster's secret"}
+
+
+async def _metadata(address: str):
+    async with Client(address) as client:
+        return await client.fetch_metadata()
+
+
 async def test_nodes_join_a_seed_over_nats_and_rejoin_after_restart(tmp_path):
     nats_server = LocalNatsServer(tmp_path / "nats.log")
     nats_server.start()
     try:
-        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True)
-        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url) for i in range(2)]
-        nodes = [seed, *joiners]
+        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True,
+                         env=SHARED_SECRET)
+        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url, env=SHARED_SECRET)
+                   for i in range(2)]
+        # Without the cluster's secret, a node's join request is dropped: it never becomes a voter.
+        stranger = LocalNode(tmp_path / "stranger", server_id="stranger", nats_servers=nats_server.url)
+        nodes = [seed, *joiners, stranger]
         try:
             seed.start()
+            stranger.start(wait=False)
             for node in joiners:
                 node.start()
-            for node in nodes:
+            for node in (seed, *joiners):
                 node.wait_ready(brokers=["seed", "j0", "j1"])
             async with Client(joiners[1].address) as client:
                 await client.create_stream("joined", "joined", replication_factor=3)
@@ -59,6 +72,7 @@ async def test_nodes_join_a_seed_over_nats_and_rejoin_after_restart(tmp_path):
             joiners[0].start()
             status = cli("status", "-a", joiners[0].address)
             assert len(status["voters"]) == 3
+            assert "stranger" not in (await _metadata(seed.address)).brokers
             async with Client(joiners[0].address) as client:
                 for _ in range(100):
                     isr = (await client.fetch_metadata("joined")).streams["joined"].partitions[0].isr
@@ -79,8 +93,10 @@ async def test_two_nodes_joining_at_once_both_become_voters(tmp_path):
     nats_server = LocalNatsServer(tmp_path / "nats.log")
     nats_server.start()
     try:
-        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True)
-        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url) for i in range(2)]
+        seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True,
+                         env=SHARED_SECRET)
+        joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url, env=SHARED_SECRET)
+                   for i in range(2)]
         nodes = [seed, *joiners]
         try:
             seed.start()

@@ -15,9 +15,13 @@ from conftest import rot_entry
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog
+from bascule.natsio.sealed import SealedNats
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.testing.local import LocalNatsServer
-from bascule.wire.entry import Record
+from bascule.wire import envelope, replicate
+from bascule.wire.entry import Record, encode_entries
+from bascule.wire.pb import internal_pb2
+from bascule.wire.seal import Rejection, Sealer, derive_key
 from bascule.wire.subjects import Subjects
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -31,7 +35,7 @@ async def loopback_nats(tmp_path):
     try:
         nc = await nats.connect(server.url)
         try:
-            yield nc, Subjects("shells")
+            yield SealedNats(nc, Sealer(derive_key("the cluster's secret"))), Subjects("shells")
         finally:
             await nc.close()
     finally:
@@ -163,3 +167,63 @@ async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_aga
             await endpoint.stop()
             a.close()
             b.close()
+
+
+async def test_forged_fetches_and_forged_answers_change_nothing(tmp_path) -> None:
+    """Anyone on the NATS server can reach the replication subjects. A fetch without the cluster
+    key's seal (or sealed with another key, or replayed) is dropped: it cannot fence the leader with
+    a huge leader epoch or move its HW. An answer to a follower's fetch without the seal is no
+    answer: forged entries never reach the follower's log."""
+    async with loopback_nats(tmp_path) as (internal, subjects):
+        nc = internal.client
+        leader_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
+        leader_replica.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        leader_replica.log.append([Record(b"value-%d" % i) for i in range(5)], 1)
+        endpoint = LeaderEndpoint(internal, subjects, leader_replica, 1 << 20)
+        await endpoint.start()
+        fetch = envelope.encode_message(
+            internal_pb2.ReplicationRequest(replicaID="F", offset=-1, leaderEpoch=1), envelope.MsgType.REPLICATION_REQUEST
+        )
+        fenced = envelope.encode_message(
+            internal_pb2.ReplicationRequest(replicaID="F", offset=-1, leaderEpoch=2**62),
+            envelope.MsgType.REPLICATION_REQUEST,
+        )
+        subject = subjects.replicate("s", 0)
+        other_key = Sealer(derive_key("another cluster"))
+        sealed_once = internal.sealer.seal(subject, fetch, time.time_ns() // 1_000_000)
+        try:
+            for forged in (fetch, fenced, other_key.seal(subject, fetch, time.time_ns() // 1_000_000), b"\x00" * 40):
+                with pytest.raises(nats.errors.TimeoutError):
+                    await nc.request(subject, forged, timeout=0.3)
+            assert (await nc.request(subject, sealed_once, timeout=2)).data  # sealed: answered
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.request(subject, sealed_once, timeout=0.3)  # the same, again: a replay
+            assert leader_replica.is_leader and leader_replica.leader_epoch == 1
+            rejected = dict(internal.rejected)
+            assert rejected[Rejection.BAD_TAG] + rejected[Rejection.MALFORMED] == 4 and rejected[Rejection.REPLAYED] == 1
+
+            follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "f"), SyncPolicy(), time.monotonic)
+            follower_replica.become_follower("X", 1)  # a leader nobody real serves: the forger answers
+
+            async def forge(msg) -> None:
+                entries, _ = encode_entries(0, 1, [Record(b"forged")], 1)
+                await nc.publish(msg.reply, replicate.encode_response(1, 0, entries))
+
+            forger = await nc.subscribe(subject, cb=forge)
+            await endpoint.stop()  # only the forger answers now
+
+            async def no_report(*_: object) -> None:
+                return None
+
+            loop = FollowerLoop(internal, subjects, follower_replica, "F", FollowerSettings(0.2, 30.0, 0.2), no_report)
+            loop.start()
+            try:
+                await until(lambda: internal.rejected[Rejection.BAD_TAG] >= rejected[Rejection.BAD_TAG] + 2, 10, "forged answers to be dropped")
+                assert follower_replica.log.next_offset == 0
+            finally:
+                await loop.stop()
+                await forger.unsubscribe()
+                follower_replica.close()
+        finally:
+            await endpoint.stop()
+            leader_replica.close()

@@ -5,6 +5,7 @@ import logging
 import os
 
 import grpc
+import msgpack
 import nats
 import pytest
 from conftest import not_private, running_node
@@ -13,8 +14,11 @@ from gufo.liftbridge.error import ErrorNotFound
 from gufo.liftbridge.types import StartPosition
 
 from bascule.client import BasculeError, Client
+from bascule.natsio.sealed import SealedNats
+from bascule.node import identity
 from bascule.node.node import InsecureRaft
 from bascule.wire import envelope
+from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.anyio
@@ -374,23 +378,56 @@ async def collect_all(iterator):
     return [item async for item in iterator]
 
 
-async def _propagate(nc, ns: str, op: str, args) -> object:
-    import msgpack
+def _propagated_request(op: str, args) -> bytes:
+    return envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, msgpack.packb({"op": op, "args": args}))
 
-    request = envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, msgpack.packb({"op": op, "args": args}))
-    reply = await nc.request(f"{ns}.raft.metadata.propagate", request, timeout=5)
+
+async def _propagate(internal: SealedNats, ns: str, op: str, args) -> object:
+    reply = await internal.request(f"{ns}.raft.metadata.propagate", _propagated_request(op, args), timeout=5)
     return msgpack.unpackb(envelope.decode(reply.data)[1], raw=False)["error"]
 
 
+def _sealed(nc, node) -> SealedNats:
+    """A NATS connection that seals with the node's cluster key, as the other nodes do."""
+    return SealedNats(nc, Sealer(derive_key(identity.cluster_secret(node.config.clustering, node.data_dir))))
+
+
+async def test_metadata_requests_without_the_cluster_key_are_dropped(tmp_path):
+    """A well-formed metadata command from a NATS client without the cluster key (a delete, a
+    leader change, a join) gets no answer and changes nothing."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("kept", "kept")
+            nc = await nats.connect(node._embedded.url)
+            ns = node.config.clustering.namespace
+            stranger = SealedNats(nc, Sealer(derive_key("a guess")))
+            members_before = node.raft.members()
+            forged = [
+                (f"{ns}.raft.metadata.propagate", _propagated_request("delete_stream", {"name": "kept"})),
+                (f"{ns}.raft.metadata.join", envelope.encode(envelope.MsgType.RAFT_JOIN_REQUEST,
+                                                             msgpack.packb({"raft": "127.0.0.1:1"}))),
+            ]
+            for subject, request in forged:
+                for send in (nc.request, stranger.request):
+                    with pytest.raises(nats.errors.TimeoutError):
+                        await send(subject, request, timeout=0.5)
+            await nc.close()
+            assert (await client.fetch_metadata("kept")).streams["kept"].exists
+            assert node.raft.members() == members_before
+            assert (await client.publish("kept", b"ok", ack_policy="all")).offset == 0
+
+
 async def test_well_formed_hostile_metadata_requests_are_refused_and_the_cluster_keeps_working(tmp_path):
-    """Any NATS client can send the metadata leader requests: valid msgpack with hostile values is
-    refused with INVALID_ARGUMENT, never proposed, never applied; Raft is not wedged and no
+    """A NATS client with the cluster key (a node of the cluster, or one that stole the key) can
+    send the metadata leader requests: valid msgpack with hostile values is refused with INVALID_ARGUMENT, never proposed, never applied; Raft is not wedged and no
     directory appears outside the data dir."""
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:
             await client.wait_ready()
             await client.create_stream("h", "h")
             nc = await nats.connect(node._embedded.url)
+            internal = _sealed(nc, node)
             ns = node.config.clustering.namespace
             outside = tmp_path.parent / "x-escaped"
             hostile = [
@@ -414,7 +451,7 @@ async def test_well_formed_hostile_metadata_requests_are_refused_and_the_cluster
                 ("no_such_op", {}),
             ]
             for op, args in hostile:
-                error = await _propagate(nc, ns, op, args)
+                error = await _propagate(internal, ns, op, args)
                 assert error and error[0] == "INVALID_ARGUMENT", (op, error)
             await nc.close()
             assert not outside.exists() and not (tmp_path.parent / "x").exists()

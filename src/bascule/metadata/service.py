@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import msgpack
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
@@ -22,6 +21,7 @@ from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, Partition
+from bascule.natsio.sealed import SealedNats
 from bascule.wire import envelope
 from bascule.wire.commands import CommandError, validate_request
 from bascule.wire.subjects import Subjects
@@ -51,7 +51,7 @@ GatherPositions = Callable[[str, int, Collection[str]], Awaitable[dict[str, Posi
 
 class MetadataService:
     def __init__(
-        self, raft: MetadataRaft, nc: NATS, subjects: Subjects, leader_timeout: float,
+        self, raft: MetadataRaft, nc: SealedNats, subjects: Subjects, leader_timeout: float,
         gather_positions: GatherPositions, clock: Callable[[], float] = time.monotonic,
     ):
         self.raft = raft
@@ -228,7 +228,7 @@ def _partition_view(partition: Partition | None) -> PartitionView | None:
     return PartitionView(partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr))
 
 
-async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str) -> list[str]:
+async def join_cluster(nc: SealedNats, subjects: Subjects, raft_address: str) -> list[str]:
     """Ask the metadata leader to add this node's Raft address, until it does (or the caller is
     cancelled); returns the group's members."""
     request = envelope.encode(envelope.MsgType.RAFT_JOIN_REQUEST, _pack({"raft": raft_address}))
@@ -242,5 +242,5 @@ async def join_cluster(nc: NATS, subjects: Subjects, raft_address: str) -> list[
                 return [str(m) for m in members]
             log.info("not joined the metadata Raft group yet: %s", answer.get("error", "malformed answer"))
         except (TimeoutError, NatsError, envelope.EnvelopeError, ValueError, KeyError, TypeError) as exc:
-            log.info("waiting to join the metadata Raft group: %r", exc)
+            log.info("waiting to join the metadata Raft group (do the nodes share clustering.raft.password?): %r", exc)
         await asyncio.sleep(JOIN_RETRY)

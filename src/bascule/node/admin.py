@@ -8,10 +8,10 @@ import logging
 from typing import Any
 
 import msgpack
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bascule.metadata.raft import MetadataRaft
+from bascule.natsio.sealed import SealedNats
 from bascule.node.partitions import Partitions
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.subjects import Subjects
@@ -26,7 +26,7 @@ ReplicaReport = dict[str, tuple[int, int, int]]
 
 class AdminQueries:
     def __init__(
-        self, server_id: str, nc: NATS, subjects: Subjects, raft: MetadataRaft, partitions: Partitions,
+        self, server_id: str, nc: SealedNats, subjects: Subjects, raft: MetadataRaft, partitions: Partitions,
     ) -> None:
         self.server_id = server_id
         self.nc = nc

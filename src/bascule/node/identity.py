@@ -1,4 +1,5 @@
-"""Who this node is, kept in its data dir: its server id, its Raft address and its Raft peers.
+"""Who this node is, kept in its data dir: its server id, its cluster secret, its Raft address and
+its Raft peers.
 
 Each is chosen once and then read back at every start: partitions name their replicas by server
 id, and the Raft group knows its voters by address. Blocking file I/O with fsyncs: callers run
@@ -7,6 +8,7 @@ these in a thread. The files are private (0600, in 0700 directories), as everyth
 
 from __future__ import annotations
 
+import secrets
 import socket
 import uuid
 from pathlib import Path
@@ -23,6 +25,20 @@ def server_id(clustering: ClusteringConfig, data_dir: Path) -> str:
         return id_file.read_text().strip()
     generated = uuid.uuid4().hex[:16]
     durable.write_atomically(id_file, generated + "\n")
+    return generated
+
+
+def cluster_secret(clustering: ClusteringConfig, data_dir: Path) -> str:
+    """The secret whose key seals node-to-node traffic: the cluster's Raft password, or for a
+    node given none, a random one made at its first start (enough for a cluster of one node;
+    the nodes of a bigger cluster must share a password)."""
+    if clustering.raft_password:
+        return clustering.raft_password
+    secret_file = data_dir / "cluster-secret"
+    if secret_file.exists():
+        return secret_file.read_text().strip()
+    generated = secrets.token_urlsafe(32)
+    durable.write_atomically(secret_file, generated + "\n")
     return generated
 
 

@@ -24,6 +24,7 @@ from bascule.metadata.service import MetadataService, join_cluster
 from bascule.metadata.state import ALREADY_EXISTS, INVALID_ARGUMENT, MetadataState
 from bascule.natsio.capture import CaptureConnection
 from bascule.natsio.publisher import EnvelopePublisher
+from bascule.natsio.sealed import SealedNats
 from bascule.natsio.server import EmbeddedNats
 from bascule.natsio.urls import redacted
 from bascule.node import identity
@@ -34,6 +35,7 @@ from bascule.node.partitions import Partitions
 from bascule.node.publishing import PublishPath
 from bascule.node.tasks import Tasks
 from bascule.wire.names import CURSORS_STREAM, stream_name_error, subject_error
+from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Node:
         self.api_port = 0
         self._embedded: EmbeddedNats | None = None
         self._nats: nats.NATS | None = None
+        self._internal: SealedNats | None = None  # the node-to-node side of _nats
         self._capture_connection: CaptureConnection | None = None
         self._envelopes: EnvelopePublisher | None = None
         self._raft: MetadataRaft | None = None
@@ -108,6 +111,8 @@ class Node:
             nats_url, name=f"bascule-{self.server_id}", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
             error_cb=self._nats_error,
         )
+        secret = await asyncio.to_thread(identity.cluster_secret, clustering, self.data_dir)
+        internal = self._internal = SealedNats(nc, Sealer(derive_key(secret)))
         self._capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture")
         await self._capture_connection.connect()
         self._envelopes = await EnvelopePublisher.start(nc, f"bascule.{self.server_id}")
@@ -121,17 +126,17 @@ class Node:
             self._on_metadata_change,
         )
         self._metadata = MetadataService(
-            self._raft, nc, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
+            self._raft, internal, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
         )
         self._partitions = Partitions(
-            self.config, self.data_dir, self.server_id, self.incarnation, nc, self.subjects, self._raft,
+            self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
             self._metadata, self.tasks,
         )
         self._partitions.switch_capture = CapturePath(
             self._capture_connection, self._partitions.schedule_reconcile
         ).switch
         self._publishing = PublishPath(self._raft, self._envelopes)
-        self._admin = AdminQueries(self.server_id, nc, self.subjects, self._raft, self._partitions)
+        self._admin = AdminQueries(self.server_id, internal, self.subjects, self._raft, self._partitions)
         await self._partitions.start()
         await self._metadata.start()
         await self._admin.start()
@@ -178,8 +183,8 @@ class Node:
         peers = await asyncio.to_thread(identity.known_raft_peers, clustering, self.data_dir, raft_address)
         if peers is not None:
             return peers
-        assert self._nats is not None
-        members = await join_cluster(self._nats, self.subjects, raft_address)
+        assert self._internal is not None
+        members = await join_cluster(self._internal, self.subjects, raft_address)
         return await asyncio.to_thread(identity.remember_raft_members, self.data_dir, members, raft_address)
 
     async def _nats_error(self, error: Exception) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bascule.config import Config
@@ -25,6 +24,7 @@ from bascule.metadata.election import Role, replica_role
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService
 from bascule.metadata.state import MetadataState, Partition, Stream
+from bascule.natsio.sealed import SealedNats
 from bascule.node.tasks import Tasks
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
@@ -61,7 +61,7 @@ CaptureSwitch = Callable[[LocalPartition, bool], Awaitable[None]]
 
 class Partitions:
     def __init__(
-        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: NATS, subjects: Subjects,
+        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: SealedNats, subjects: Subjects,
         raft: MetadataRaft, metadata: MetadataService, tasks: Tasks,
     ) -> None:
         self.config = config

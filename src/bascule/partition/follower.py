@@ -12,9 +12,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
+from bascule.natsio.sealed import SealedNats
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
 from bascule.wire import envelope, replicate
@@ -63,7 +63,7 @@ def _unowned_task(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[An
 class FollowerLoop:
     def __init__(
         self,
-        nc: NATS,
+        nc: SealedNats,
         subjects: Subjects,
         replica: PartitionReplica,
         server_id: str,

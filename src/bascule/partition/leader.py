@@ -10,11 +10,11 @@ import logging
 from typing import TypeVar
 
 from google.protobuf.message import Message
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bascule.natsio.flush import flush
+from bascule.natsio.sealed import SealedNats
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.wire import envelope, replicate
@@ -29,7 +29,7 @@ RESPONSE_OVERHEAD = 64  # envelope, epoch and HW (and a fragment's sizes), with 
 
 
 class LeaderEndpoint:
-    def __init__(self, nc: NATS, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
+    def __init__(self, nc: SealedNats, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
         self.nc = nc
         self.subjects = subjects
         self.replica = replica
@@ -43,7 +43,7 @@ class LeaderEndpoint:
             await self.nc.subscribe(self.subjects.replicate(stream, partition), cb=self._on_fetch),
             await self.nc.subscribe(self.subjects.epoch_offset(stream, partition), cb=self._on_epoch_query),
         ]
-        await flush(self.nc)  # followers of a new leader start fetching at once: be there first
+        await flush(self.nc.client)  # followers of a new leader start fetching at once: be there first
 
     async def stop(self) -> None:
         for subscription in self._subscriptions:

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from bascule.config.loading import RAFT_PASSWORD_ENV
-from bascule.config.values import is_loopback_host
 from bascule.natsio.server import (
     LOG_FILE_NAME,
     ServerOptions,
@@ -367,8 +366,9 @@ class LocalCluster:
     ``power_cuts=True`` puts each node's data dir on a `PowerCutDisk` (see `LocalNode`), for
     `power_cut`; `stop` unmounts them, leaving the files in ``base_dir/.node-<i>.backing``.
 
-    On a `host` other than loopback the nodes' Raft transport needs a password: unless `config` or
-    `env` gives one, the cluster makes a random one and gives it to every node as $BASCULE_RAFT_PASSWORD.
+    The nodes share a secret, the Raft password: it authenticates their Raft transport (needed on a
+    `host` other than loopback) and seals their NATS traffic. Unless `config` or `env` gives one, the
+    cluster makes a random one and gives it to every node as $BASCULE_RAFT_PASSWORD.
     """
 
     def __init__(
@@ -411,7 +411,7 @@ class LocalCluster:
         raft_ports = [free_port(host) for _ in range(size)]
         peers = [join_host_port(host, port) for port in raft_ports] if size > 1 else []
         given = "clustering.raft.password" in flat_config(config) or RAFT_PASSWORD_ENV in (env or {})
-        if not is_loopback_host(host) and not given:
+        if not given:
             env = {RAFT_PASSWORD_ENV: secrets.token_urlsafe(24), **(env or {})}
         self.nodes: list[LocalNode] = []
         for index in range(size):
