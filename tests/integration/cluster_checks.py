@@ -134,7 +134,8 @@ def raft_status(cluster: LocalCluster, index: int, timeout: float = 1.0) -> dict
     if not node.running:
         return None
     try:
-        return TcpUtility(timeout=timeout).executeCommand(node.raft_address, ["status"])
+        password = node.extra_env.get("BASCULE_RAFT_PASSWORD")
+        return TcpUtility(password=password, timeout=timeout).executeCommand(node.raft_address, ["status"])
     except Exception:  # noqa: BLE001 - down, paused, or mid-restart
         return None
 

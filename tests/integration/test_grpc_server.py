@@ -20,7 +20,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import pytest
-from conftest import running_node
+from conftest import issue, running_node
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -664,29 +664,6 @@ async def test_tls_with_a_self_signed_certificate(tmp_path):
 
         async with grpc.aio.secure_channel(served.address, credentials) as channel:
             assert (await health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=5)).status == SERVING
-
-
-def issue(directory, name: str, ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None):
-    """A certificate for ``name`` (and localhost, 127.0.0.1) signed by ``ca``, or a CA when ``ca`` is
-    None: (certificate, key, cert file, key file)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(ca[0].subject if ca else subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca is None, path_length=None), critical=True)
-    )
-    if ca is not None:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-    certificate = builder.sign(ca[1] if ca else key, hashes.SHA256())
-    cert_file, key_file = directory / f"{name}.pem", directory / f"{name}.key"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return certificate, key, cert_file, key_file
 
 
 async def test_mutual_tls_admits_only_clients_with_a_certificate_of_the_ca(tmp_path):

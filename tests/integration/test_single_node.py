@@ -18,8 +18,8 @@ from bascule.natsio.sealed import SealedNats
 from bascule.node import identity
 from bascule.node.node import InsecureRaft
 from bascule.wire import envelope
-from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.pb import api_pb2, api_pb2_grpc
+from bascule.wire.seal import Sealer, derive_key
 
 pytestmark = pytest.mark.anyio
 
@@ -420,7 +420,8 @@ async def test_metadata_requests_without_the_cluster_key_are_dropped(tmp_path):
 
 async def test_well_formed_hostile_metadata_requests_are_refused_and_the_cluster_keeps_working(tmp_path):
     """A NATS client with the cluster key (a node of the cluster, or one that stole the key) can
-    send the metadata leader requests: valid msgpack with hostile values is refused with INVALID_ARGUMENT, never proposed, never applied; Raft is not wedged and no
+    send the metadata leader requests: valid msgpack with hostile values is refused with
+    INVALID_ARGUMENT, never proposed, never applied; Raft is not wedged and no
     directory appears outside the data dir."""
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

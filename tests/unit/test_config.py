@@ -289,7 +289,8 @@ def test_listen_address_and_advertised_host(settings, listen_address, advertised
         ({"activity.stream.enabled": True},
          "activity.stream.enabled: expected false (bascule does not support the activity stream), got True"),
         ({"streams.compact.enabled": True}, "streams.compact.enabled: expected false (bascule does not support"),
-        ({"nats.user": "me"}, "nats.user: expected an empty string (bascule does not support NATS authentication)"),
+        ({"nats.user": "me", "nats.token": "t"}, "nats: give NATS one way to authenticate"),
+        ({"nats.tls.cert": "client.pem"}, "nats: nats.tls.cert and nats.tls.key go together"),
         ({"clustering.replica.max.lag.tme": "15s"},
          "clustering.replica.max.lag.tme: unknown setting (did you mean clustering.replica.max.lag.time?)"),
         ({"frobnicate": 1}, "frobnicate: unknown setting"),
@@ -542,3 +543,22 @@ def test_nats_urls_are_logged_without_their_secrets():
     assert redacted("nats://alice:s3cret@10.0.0.1:4222") == "nats://alice:***@10.0.0.1:4222"
     assert redacted("nats://t0ken@nats.example:4222") == "nats://***@nats.example:4222"
     assert redacted("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+
+
+def test_nats_credentials_and_tls_reach_the_nats_config_and_never_its_repr(write_config):
+    config = load_text(write_config, "nats:\n  servers: [tls://n1:4222]\n  user: bascule\n  password: hunter2\n"
+                                     "  tls.ca: /etc/ca.pem\n")
+    auth = config.nats.auth
+    assert (auth.user, auth.password, auth.tls_ca, auth.wants_tls) == ("bascule", "hunter2", "/etc/ca.pem", True)
+    assert "hunter2" not in repr(config) and repr(auth) == "NatsAuth(user, tls)"
+    assert auth.connect_fields(nonce=None) == {"user": "bascule", "pass": "hunter2"}
+
+
+def test_nats_secrets_come_from_the_environment_too():
+    import argparse
+
+    from bascule.config.loading import overrides_from_args
+
+    environ = {"BASCULE_NATS_PASSWORD": "p", "BASCULE_NATS_TOKEN": "", "BASCULE_RAFT_PASSWORD": "r"}
+    assert overrides_from_args(argparse.Namespace(), environ) == {
+        "nats.password": "p", "clustering.raft.password": "r"}

@@ -32,10 +32,13 @@ from bascule.config.model import (
     default_data_dir,
 )
 from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list, unauthenticated_raft_error
+from bascule.natsio.auth import NatsAuth, NatsAuthError
 
 # The Raft password from the environment, for secrets kept out of command lines (which every user of the
 # machine can read) and configuration files: `bascule server` takes it as clustering.raft.password.
 RAFT_PASSWORD_ENV = "BASCULE_RAFT_PASSWORD"
+NATS_PASSWORD_ENV = "BASCULE_NATS_PASSWORD"  # secrets kept out of files and command lines
+NATS_TOKEN_ENV = "BASCULE_NATS_TOKEN"
 
 
 class ConfigError(ValueError):
@@ -171,7 +174,17 @@ def _nats(values: dict[str, Any], fields: dict[str, Any]) -> NatsConfig:
     embedded = values.get("nats.embedded", False) or bool(fields.get("embedded_config"))
     default_servers = () if embedded else (DEFAULT_NATS_URL,)
     servers = values.get("nats.servers") or default_servers
-    return NatsConfig(servers=servers, embedded=embedded, **fields)
+    try:
+        auth = NatsAuth(
+            user=values.get("nats.user", ""), password=values.get("nats.password", ""),
+            token=values.get("nats.token", ""), credentials=values.get("nats.credentials", ""),
+            nkey_seed=values.get("nats.nkey.seed", ""), tls_cert=values.get("nats.tls.cert", ""),
+            tls_key=values.get("nats.tls.key", ""), tls_ca=values.get("nats.tls.ca", ""),
+            tls=any(url.startswith("tls://") for url in servers),
+        )
+    except NatsAuthError as exc:
+        raise ConfigError(f"nats: {exc}") from None
+    return NatsConfig(servers=servers, embedded=embedded, auth=auth, **fields)
 
 
 def _streams(fields: dict[str, Any]) -> StreamsConfig:
@@ -227,14 +240,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 def overrides_from_args(
     namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> dict[str, object]:
-    """Dotted-key overrides for load_config, one for each server flag given, and the Raft password
-    when $BASCULE_RAFT_PASSWORD (in ``environ``, default os.environ) holds one."""
+    """Dotted-key overrides for load_config, one for each server flag given, and the secrets the
+    environment (``environ``, default os.environ) holds: $BASCULE_RAFT_PASSWORD,
+    $BASCULE_NATS_PASSWORD and $BASCULE_NATS_TOKEN."""
     overrides: dict[str, object] = {
         key: getattr(namespace, dest)
         for dest, key in _FLAG_SETTINGS.items()
         if getattr(namespace, dest, None) is not None
     }
-    password = (os.environ if environ is None else environ).get(RAFT_PASSWORD_ENV)
-    if password:
-        overrides["clustering.raft.password"] = password
+    environ = os.environ if environ is None else environ
+    for variable, key in ((RAFT_PASSWORD_ENV, "clustering.raft.password"), (NATS_PASSWORD_ENV, "nats.password"),
+                          (NATS_TOKEN_ENV, "nats.token")):
+        if environ.get(variable):
+            overrides[key] = environ[variable]
     return overrides

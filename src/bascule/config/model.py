@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from bascule.config.values import HOUR, MINUTE, WILDCARD_HOSTS, MiB, join_host_port
+from bascule.natsio.auth import NatsAuth
 
 DEFAULT_NAMESPACE = "liftbridge-default"
 DEFAULT_PORT = 9292
@@ -50,6 +51,7 @@ class NatsConfig:
     servers: tuple[str, ...] = (DEFAULT_NATS_URL,)
     embedded: bool = False
     embedded_config: str = ""
+    auth: NatsAuth = NatsAuth()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 from urllib.parse import SplitResult, urlsplit
 
+from bascule.natsio.auth import NatsAuth
 from bascule.wire.names import is_protocol_token
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,45 @@ class _Link(asyncio.Protocol):
         if batches:
             self._owner._deliver(self, batches)
 
+    def _greet(self, info_json: bytes) -> None:
+        """Answer the server's first INFO: TLS first if either side asks for it, then CONNECT."""
+        try:
+            info = json.loads(info_json)
+            nonce = info.get("nonce")
+            tls = self._owner.auth.wants_tls or info.get("tls_required", False)
+        except (ValueError, AttributeError) as exc:
+            log.error("capture connection: unreadable INFO from the server (%r); reconnecting", exc)
+            self.abort()
+            return
+        if not tls:
+            self._send_greeting(nonce)
+            return
+        # The handshake is the dial's to wait for: its failure ends the dial through ``ready``.
+        upgrade = self._loop.create_task(self._start_tls(nonce))
+        upgrade.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _start_tls(self, nonce: str | None) -> None:
+        try:
+            context = self._owner.auth.ssl_context()
+            assert self._transport is not None
+            self._transport = await self._loop.start_tls(
+                self._transport, self, context, server_hostname=self.url.hostname
+            )
+            self._send_greeting(nonce)
+        except Exception as exc:
+            log.error("capture connection: TLS with NATS %s failed: %r", self.url.hostname, exc)
+            if not self.ready.done():
+                self.ready.set_exception(ConnectionError(f"TLS handshake failed: {exc!r}"))
+            self.abort()
+
+    def _send_greeting(self, nonce: str | None) -> None:
+        self._pongs.append(self.ready)
+        try:
+            self.write(self._owner._greeting(self.url, nonce))
+        except ValueError as exc:  # credentials that cannot be used (NatsAuthError)
+            self.ready.set_exception(ConnectionError(f"NATS credentials: {exc}"))
+            self.abort()
+
     # ---- parsing ---------------------------------------------------------------------------
 
     def _parse(self, buffer: bytes) -> tuple[dict[int, list[Delivery]], int, int]:
@@ -237,8 +277,7 @@ class _Link(asyncio.Protocol):
         if line.startswith(b"INFO"):
             if not self.greeted:
                 self.greeted = True
-                self._pongs.append(self.ready)
-                self.write(self._owner._greeting(self.url))
+                self._greet(line[4:])
         elif line == b"PING":
             self.write(b"PONG\r\n")
         elif line == b"PONG":
@@ -263,9 +302,11 @@ class CaptureConnection:
         *,
         ping_interval: float = PING_INTERVAL,
         max_pings_out: int = MAX_PINGS_OUT,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.servers = [urlsplit(s if "://" in s else f"nats://{s}") for s in servers]
         self.name = name
+        self.auth = auth or NatsAuth()
         self.ping_interval = ping_interval
         self.max_pings_out = max_pings_out
         self._handlers: dict[int, BatchHandler] = {}
@@ -364,14 +405,17 @@ class CaptureConnection:
             wait = min(wait * 2, RECONNECT_WAIT_MAX)
             attempts += 1
 
-    def _greeting(self, url: SplitResult) -> bytes:
+    def _greeting(self, url: SplitResult, nonce: str | None) -> bytes:
         """CONNECT, every subscription, and the PING whose PONG says the server has them all."""
         options = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "name": self.name, "lang": "python-bascule", "version": "1", "protocol": 1,
+            "tls_required": self.auth.wants_tls, **self.auth.connect_fields(nonce),
         }
-        if url.username:
-            options.update(user=url.username, **{"pass": url.password or ""})
+        if url.username and url.password is None:  # nats://token@host, as nats-py reads it
+            options["auth_token"] = url.username
+        elif url.username:
+            options.update(user=url.username, **{"pass": url.password})
         lines = [b"CONNECT " + json.dumps(options).encode() + _CRLF]
         lines += [_sub_line(sid, subject, queue) for sid, (subject, queue) in self._subscriptions.items()]
         lines.append(_PING)

@@ -51,6 +51,10 @@ class InsecureRaft(PermissionError):
     """The Raft transport would listen beyond loopback without a password."""
 
 
+class NatsRefused(PermissionError):
+    """The NATS server refused this node's credentials."""
+
+
 class Node:
     def __init__(self, config: Config, tasks: Tasks) -> None:
         self.config = config
@@ -64,6 +68,8 @@ class Node:
         self._embedded: EmbeddedNats | None = None
         self._nats: nats.NATS | None = None
         self._internal: SealedNats | None = None  # the node-to-node side of _nats
+        self._connecting: asyncio.Future[nats.NATS] | None = None
+        self._refused_by_nats: str | None = None
         self._capture_connection: CaptureConnection | None = None
         self._envelopes: EnvelopePublisher | None = None
         self._raft: MetadataRaft | None = None
@@ -107,13 +113,22 @@ class Node:
         clustering = self.config.clustering
         self.server_id = await asyncio.to_thread(identity.server_id, clustering, self.data_dir)
         nats_url = await self._start_nats()
-        nc = self._nats = await nats.connect(
+        auth = self.config.nats.auth
+        # Retried until NATS is up, but not when it refuses the credentials: that needs an operator.
+        self._connecting = asyncio.ensure_future(nats.connect(
             nats_url, name=f"bascule-{self.server_id}", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            error_cb=self._nats_error,
-        )
+            error_cb=self._nats_error, **auth.client_options(),
+        ))
+        try:
+            nc = self._nats = await self._connecting
+        except asyncio.CancelledError:
+            if self._refused_by_nats is None:
+                raise
+            raise NatsRefused(f"NATS refused this node ({self._refused_by_nats}); check nats.user, "
+                              "nats.password, nats.token, nats.credentials, nats.nkey.seed and nats.tls.*") from None
         secret = await asyncio.to_thread(identity.cluster_secret, clustering, self.data_dir)
         internal = self._internal = SealedNats(nc, Sealer(derive_key(secret)))
-        self._capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture")
+        self._capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture", auth=auth)
         await self._capture_connection.connect()
         self._envelopes = await EnvelopePublisher.start(nc, f"bascule.{self.server_id}")
         raft_address = await asyncio.to_thread(identity.raft_address, clustering, self.data_dir)
@@ -190,6 +205,10 @@ class Node:
     async def _nats_error(self, error: Exception) -> None:
         # Slow-consumer drops on a capture subscription lose plain publishes: say so loudly.
         log.error("NATS error: %r", error)
+        refused = "authorization violation" in str(error).lower() or "authentication" in str(error).lower()
+        if refused and self._nats is None and self._connecting is not None:
+            self._refused_by_nats = str(error)
+            self._connecting.cancel()
 
     def _on_metadata_change(self) -> None:
         if self._partitions is not None:
