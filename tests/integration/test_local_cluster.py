@@ -243,3 +243,26 @@ def test_raft_beyond_loopback_runs_with_a_password_and_is_refused_without(tmp_pa
         assert all(node.raft_address.startswith(f"{host}:") for node in cluster.nodes)
         _create_stream(cluster.brokers[0], "replicated", replication_factor=3)
         assert _stream_exists(cluster.brokers[2], "replicated")
+
+
+@needs_proc
+def test_a_local_node_serving_mutual_tls_is_waited_for_and_reached_with_its_client_tls(tmp_path: Path) -> None:
+    from conftest import issue
+
+    from bascule.client import Client, ClientTls
+
+    ca = issue(tmp_path, "ca", None)
+    _, _, server_cert, server_key = issue(tmp_path, "node", ca[:2])
+    _, _, client_cert, client_key = issue(tmp_path, "tester", ca[:2])
+    tls = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
+           "tls.client.auth.ca": str(ca[2])}
+    client_tls = ClientTls.from_files(str(ca[2]), str(client_cert), str(client_key))
+    with LocalNode(tmp_path / "node", embedded_nats=True, raft_bootstrap_seed=True, config=tls,
+                   client_tls=client_tls) as node:
+
+        async def publish() -> int:
+            async with Client(node.address, tls=node.client_tls) as client:
+                await client.create_stream("tls", "tls")
+                return (await client.publish("tls", b"x", ack_policy="all")).offset
+
+        assert asyncio.run(publish()) == 0

@@ -29,9 +29,10 @@ def server_id(clustering: ClusteringConfig, data_dir: Path) -> str:
 
 
 def cluster_secret(clustering: ClusteringConfig, data_dir: Path) -> str:
-    """The secret whose key seals node-to-node traffic: the cluster's Raft password, or for a
-    node given none, a random one made at its first start (enough for a cluster of one node;
-    the nodes of a bigger cluster must share a password)."""
+    """The secret of the node's Raft transport, and whose key seals its node-to-node NATS
+    traffic: the cluster's Raft password, or for a node given none, a random one made at its
+    first start (enough for a cluster of one node; the nodes of a bigger cluster must share a
+    password)."""
     if clustering.raft_password:
         return clustering.raft_password
     secret_file = data_dir / "cluster-secret"

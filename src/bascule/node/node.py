@@ -137,7 +137,9 @@ class Node:
         if problem:
             raise InsecureRaft(problem)
         self._raft = MetadataRaft(
-            raft_address, await self._raft_peers(raft_address), self.data_dir, clustering.raft_password,
+            # Never a Raft transport without a password, even on loopback: pysyncobj unpickles
+            # what a peer sends, and any local process can reach a loopback port.
+            raft_address, await self._raft_peers(raft_address), self.data_dir, secret,
             self._on_metadata_change,
         )
         self._metadata = MetadataService(

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bascule.client import ClientTls
 from bascule.config.loading import RAFT_PASSWORD_ENV
 from bascule.natsio.server import (
     LOG_FILE_NAME,
@@ -135,6 +136,10 @@ class LocalNode(LocalProcess):
     on exit or `unmount`) over the hidden sibling dir ``.<name>.backing``, which holds the files; see
     `power_cut`. The log and the config files are written to the backing dir directly, outside the
     model: a cut must not eat the log lines that explain it.
+
+    A node serving TLS (``tls.cert`` and ``tls.key`` in `config`, with ``tls.client.auth.*`` for mutual
+    TLS) is reached through `client_tls` (a `bascule.client.ClientTls`): `wait_ready` uses it, and a
+    test's ``Client(node.address, tls=node.client_tls)`` can too.
     """
 
     name = "bascule node"
@@ -159,6 +164,7 @@ class LocalNode(LocalProcess):
         python: str = sys.executable,
         stop_grace: float = DEFAULT_STOP_GRACE,
         power_cuts: bool = False,
+        client_tls: ClientTls | None = None,
     ) -> None:
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="bascule-node-")
@@ -190,6 +196,7 @@ class LocalNode(LocalProcess):
         self.level = level
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
+        self.client_tls = client_tls  # how readiness checks (and tests' clients) reach a TLS API
         self.python = python
         self.config_path: Path | None = None
         if config:
@@ -279,7 +286,9 @@ class LocalNode(LocalProcess):
         if self._popen is None:
             raise LocalProcessError(f"{self._describe()} was never started")
         expected = {self.server_id, *(brokers or ())}
-        last = wait_for_brokers(self.address, expected, timeout, lambda: self._check_alive("before it was ready"))
+        credentials = self.client_tls.credentials() if self.client_tls is not None else None
+        last = wait_for_brokers(self.address, expected, timeout, lambda: self._check_alive("before it was ready"),
+                                credentials)
         if last is not None:
             raise self._error(f"{self._describe()} not ready after {timeout:.1f} s; last: {last}")
 
@@ -387,6 +396,7 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         host: str = LOOPBACK,
         power_cuts: bool = False,
+        client_tls: ClientTls | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -432,6 +442,7 @@ class LocalCluster:
                     env=env,
                     stop_grace=stop_grace,
                     power_cuts=power_cuts,
+                    client_tls=client_tls,
                 )
             )
         self._started = False

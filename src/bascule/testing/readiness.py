@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["wait_for_brokers"]
 
 
-def wait_for_brokers(address: str, expected: set[str], timeout: float, check_alive: Callable[[], None]) -> str | None:
-    """Poll FetchMetadata at `address` until it lists every broker id in `expected`: None then, or what
-    was last seen when `timeout` ran out. `check_alive` raises when the server's process is gone."""
+def wait_for_brokers(
+    address: str, expected: set[str], timeout: float, check_alive: Callable[[], None],
+    credentials: grpc.ChannelCredentials | None = None,
+) -> str | None:
+    """Poll FetchMetadata at `address` (over TLS with `credentials`) until it lists every broker id in
+    `expected`: None then, or what was last seen when `timeout` ran out. `check_alive` raises when the
+    server's process is gone."""
     import grpc
 
     from bascule.wire.pb import api_pb2, api_pb2_grpc
@@ -23,7 +31,9 @@ def wait_for_brokers(address: str, expected: set[str], timeout: float, check_ali
         ("grpc.min_reconnect_backoff_ms", 50),
         ("grpc.max_reconnect_backoff_ms", 250),
     ]
-    with grpc.insecure_channel(address, options=options) as channel:
+    channel = (grpc.insecure_channel(address, options=options) if credentials is None
+               else grpc.secure_channel(address, credentials, options=options))
+    with channel:
         stub = api_pb2_grpc.APIStub(channel)
         while True:
             check_alive()
