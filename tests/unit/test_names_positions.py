@@ -53,9 +53,8 @@ def test_latest_of_empty_log_is_its_start():
     assert start_offset(api_pb2.SubscribeRequest(startPosition=Start.LATEST), LogBounds(0, -1), None) == 0
 
 
-def test_negative_offsets_are_invalid():
-    with pytest.raises(PositionError):
-        start_offset(api_pb2.SubscribeRequest(startPosition=Start.OFFSET, startOffset=-1), BOUNDS, None)
+def test_a_negative_start_offset_starts_at_the_oldest_and_a_negative_stop_offset_is_invalid():
+    assert start_offset(api_pb2.SubscribeRequest(startPosition=Start.OFFSET, startOffset=-1), BOUNDS, None) == 10
     with pytest.raises(PositionError):
         stop_offset(api_pb2.SubscribeRequest(stopPosition=Stop.STOP_OFFSET, stopOffset=-5), BOUNDS, None)
 

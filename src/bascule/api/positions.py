@@ -36,8 +36,8 @@ def start_offset(
     if position == Start.LATEST:
         return max(bounds.newest, bounds.oldest)
     if position == Start.OFFSET:
-        if request.startOffset < 0:
-            raise PositionError(f"Invalid start offset {request.startOffset}")
+        # A negative offset starts at the oldest, as Liftbridge's does (gufo-liftbridge's RESUME
+        # with a new cursor asks for -1).
         return min(max(request.startOffset, bounds.oldest), bounds.newest + 1)
     if position == Start.TIMESTAMP:
         return offset_for_timestamp(request.startTimestamp)

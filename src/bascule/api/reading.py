@@ -1,5 +1,5 @@
 """Finding the replica a read is served from: this node must lead the partition (or, when the
-client allows it, be in its ISR)."""
+client allows it, hold a replica of it)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ async def readable_partition(
         # earlier run): its high watermark is not the partition's until it leads
         local = await replicas.until_leading(stream, partition) or replicas.get(stream, partition)
         leads = local is not None and local.replica.is_leader
-    readable = leads or (allow_isr and cluster.server_id in meta.isr)
+    # Liftbridge's readISRReplica: any replica here serves what it knows to be committed.
+    readable = leads or allow_isr
     if local is None or not readable:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
     return local

@@ -30,14 +30,17 @@ from bascule.wire.entry import (
 _OFFSET, _KEY, _VALUE, _TIMESTAMP = b"\x08", b"\x12", b"\x1a", b"\x20"
 _STREAM, _PARTITION, _SUBJECT, _REPLY, _HEADER = b"\x2a", b"\x30", b"\x3a", b"\x42", b"\x4a"
 _MAP_KEY, _MAP_VALUE = b"\x0a", b"\x12"
-_GRPC_PREFIX = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, length
+_GRPC_PREFIX = struct.Struct(">BI").pack  # gRPC's message prefix: compressed flag, length
 _UINT32 = struct.Struct(">I")
 _CACHE_SIZE = 4096
 _NO_HEADERS = b"\x00\x00"
-_FOUR_GROUPS = 1 << 28  # a number from here on has more than four 7-bit groups
 
 _SMALL_VARINTS = [bytes((n,)) for n in range(128)] + [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, 1 << 14)]
-_LOW_14_BITS = [bytes((n & 0x7F | 0x80, n >> 7 | 0x80)) for n in range(1 << 14)]  # 14 bits, more to come
+_PREFIXES_KEPT = 1 << 12
+_PREFIXES = [_GRPC_PREFIX(0, n) for n in range(_PREFIXES_KEPT)]  # for Messages below 4 KiB
+_VALUE_HEADS = [_VALUE + _SMALL_VARINTS[n] for n in range(1 << 14)]  # the value's tag and length
+_SMALL_OFFSET_FIELDS = [_OFFSET + _SMALL_VARINTS[n] for n in range(128)]
+_OFFSET_LOW_7_BITS = [bytes((_OFFSET[0], n | 0x80)) for n in range(128)]  # tag, low 7 bits, more to come
 
 
 def varint(number: int) -> bytes:
@@ -79,14 +82,18 @@ class MessageEncoder:
         ``intact_prefix`` finds them, and their framed Messages. A log reads through it
         (``CommitLog.read_through``): one walk that checks and encodes each entry."""
         # Per entry, as few Python operations as the format allows: this loop is Subscribe's cost.
+        # Each Message goes out as pieces for one join (no concatenation per entry): the gRPC prefix,
+        # the offset field, the value's tag and length, the value, and the fields shared with
+        # neighbours (timestamp, stream, partition, subject, headers).
         parts: list[bytes] = []
         extend = parts.extend
         unpack_header, unpack_lengths, unpack_uint32 = ENTRY_HEADER.unpack_from, KEY_AND_VALUE_LENGTHS.unpack_from, \
             _UINT32.unpack_from
-        prefix, shared_fields, small, low = _GRPC_PREFIX.pack, self._shared_fields, _SMALL_VARINTS, _LOW_14_BITS
+        shared_fields, prefixes, value_heads, low7 = self._shared_fields, _PREFIXES, _VALUE_HEADS, _OFFSET_LOW_7_BITS
         last_block, tail = None, b""
         last_timestamp, time_field, shared = None, b"", b""
         size, position, expected, stop = len(chunk), 0, first_offset, first_offset + max_entries
+        high, rest = -1, b""  # the offset past its low 7 bits, and those bits' varint
         error = None
         while position < size and expected < stop:
             if size - position < HEADER_SIZE:
@@ -122,15 +129,20 @@ class MessageEncoder:
             if timestamp != last_timestamp:  # a burst's entries share theirs
                 last_timestamp, time_field = timestamp, _TIMESTAMP + varint(timestamp)
                 tail = time_field + shared
-            head = _OFFSET + (small[offset] if offset < 16384 else
-                              low[offset & 0x3FFF] + small[offset >> 14] if offset < _FOUR_GROUPS else varint(offset))
-            head += _VALUE + (small[value_length] if value_length < 16384 else varint(value_length))
-            length = len(head) + value_length + len(tail)
+            if offset >> 7 != high:  # once per 128 offsets
+                high = offset >> 7
+                rest = varint(high) if high else b""
+            offset_field = low7[offset & 0x7F] if high else _SMALL_OFFSET_FIELDS[offset]
+            value_head = value_heads[value_length] if value_length < 16384 else _VALUE + varint(value_length)
+            length = 2 + len(rest) + len(value_head) + value_length + len(tail)
             if key:
                 key_field = _KEY + varint(key_length) + key
-                extend((prefix(0, length + len(key_field)), key_field, head, chunk[value_start:value_end], tail))
+                length += len(key_field)
+                extend((_GRPC_PREFIX(0, length), key_field, offset_field, rest, value_head,
+                        chunk[value_start:value_end], tail))
             else:
-                extend((prefix(0, length), head, chunk[value_start:value_end], tail))
+                extend((prefixes[length] if length < _PREFIXES_KEPT else _GRPC_PREFIX(0, length), offset_field, rest,
+                        value_head, chunk[value_start:value_end], tail))
             position, expected = end, expected + 1
         return position, expected - first_offset, error, b"".join(parts)
 
