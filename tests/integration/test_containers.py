@@ -23,7 +23,7 @@ import pytest
 from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.types import AckPolicy, StartPosition
 
-from bascule.client import BasculeError, Client
+from bascule.client import BasculeError, Client, ClientTls
 
 pytestmark = [pytest.mark.containers, pytest.mark.anyio, pytest.mark.timeout(900)]
 
@@ -135,6 +135,27 @@ async def test_single_node_with_bascule_client(node):
         assert [ack.offset for ack in acks] == list(range(5))
         got = [m async for m in client.subscribe("events", start="earliest", stop_latest=True)]
         assert [m.value for m in got] == [f"e{i}".encode() for i in range(5)]
+
+
+async def test_a_node_serving_mutual_tls_in_a_container(engine, tmp_path):
+    """Certificates copied in; readiness and the test's client reach it with the client's; a client
+    without a certificate of the CA is refused."""
+    from conftest import issue
+
+    from bascule.testing.containers import BasculeContainer, ServerTls
+
+    ca = issue(tmp_path, "ca", None)
+    _, _, cert, key = issue(tmp_path, "node", ca[:2])
+    _, _, client_cert, client_key = issue(tmp_path, "tester", ca[:2])
+    tls = ServerTls(cert.read_bytes(), key.read_bytes(), client_ca=ca[2].read_bytes())
+    client_tls = ClientTls.from_files(str(ca[2]), str(client_cert), str(client_key))
+    with BasculeContainer(server_id="tls", tls=tls, client_tls=client_tls) as node:
+        async with Client(node.get_broker(), tls=node.client_tls) as client:
+            await client.create_stream("secure", "secure")
+            assert (await client.publish("secure", b"x", ack_policy="all")).offset == 0
+        async with Client(node.get_broker(), tls=ClientTls.from_files(str(ca[2])), timeout=3) as stranger:
+            with pytest.raises(BasculeError):
+                await stranger.fetch_metadata()
 
 
 # Run in a node's container: every path under argv[1] that is not 0700 (directories) or 0600 (files).

@@ -40,6 +40,7 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -48,6 +49,7 @@ from docker.types import EndpointConfig
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
+from bascule.client import ClientTls
 from bascule.testing.ports import LOOPBACK, free_port
 from bascule.testing.processes import LocalProcessError
 from bascule.testing.readiness import wait_for_brokers
@@ -78,6 +80,17 @@ RAFT_PASSWORD_ENV = "BASCULE_RAFT_PASSWORD"  # read by `bascule server` (bascule
 CONFIG_PATH = "/etc/bascule/testing.yaml"
 NATS_CONFIG_PATH = "/etc/bascule/testing-nats.conf"
 DATA_DIR = "/var/lib/bascule"
+TLS_DIR = "/etc/bascule/tls"
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM bytes of a node's gRPC certificate and key, and of the CA its clients' certificates must
+    come from (None: no client certificates asked for)."""
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None = None
 DEFAULT_READY_TIMEOUT = 60.0
 
 
@@ -276,6 +289,9 @@ class BasculeContainer(_Node):
     raft_password: given to the node as $BASCULE_RAFT_PASSWORD; a `raft_listen` other than loopback needs one.
     config: more settings for the node's YAML configuration (nested or dotted keys), such as
     ``{"clustering.replica.max.lag.time": "3s"}``. extra_args: more ``bascule server`` flags.
+    tls: the gRPC API's certificate, key and (for mutual TLS) client CA, PEM bytes, copied into the
+    container and configured; client_tls (a `bascule.client.ClientTls`) is how `wait_ready`, and a
+    test's ``Client(node.get_broker(), tls=node.client_tls)``, reach it.
     """
 
     def __init__(
@@ -297,9 +313,12 @@ class BasculeContainer(_Node):
         level: str = "info",
         extra_args: Sequence[str] = (),
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        tls: ServerTls | None = None,
+        client_tls: ClientTls | None = None,
     ) -> None:
         super().__init__(image or default_image())
         self.server_id = server_id
+        self.client_tls = client_tls
         self.port = port or free_port(LOOPBACK)
         self.embedded_nats = not nats_servers
         self.ready_timeout = ready_timeout
@@ -307,6 +326,7 @@ class BasculeContainer(_Node):
             "listen": f"0.0.0.0:{self.port}",
             "host": LOOPBACK,  # advertised: clients on the host connect to 127.0.0.1:<port>
             "data.dir": DATA_DIR,
+            **(self._copy_tls_files(tls) if tls is not None else {}),
             **flat_config(config),
         }
         command = ["server", "--config", CONFIG_PATH, "--id", server_id, "--level", level]
@@ -346,6 +366,18 @@ class BasculeContainer(_Node):
             self.with_name(name)
         self._nats_url: str | None = None
 
+    def _copy_tls_files(self, tls: ServerTls) -> dict[str, Any]:
+        """Copy the TLS files in (root's, readable by the image's user: a test container's own key);
+        the settings naming them."""
+        settings: dict[str, Any] = {"tls.cert": TLS_DIR + "/server.pem", "tls.key": TLS_DIR + "/server.key"}
+        files = {"server.pem": tls.cert, "server.key": tls.key}
+        if tls.client_ca is not None:
+            files["client-ca.pem"] = tls.client_ca
+            settings.update({"tls.client.auth.enabled": True, "tls.client.auth.ca": TLS_DIR + "/client-ca.pem"})
+        for name, content in files.items():
+            self.with_copy_into_container(content, f"{TLS_DIR}/{name}", mode=0o444)
+        return settings
+
     def _describe(self) -> str:
         return f"bascule node {self.server_id} at {self.get_broker()}"
 
@@ -379,7 +411,8 @@ class BasculeContainer(_Node):
             if self.state() != "running":
                 raise self._error(f"{self._describe()} exited before it was ready")
 
-        last = wait_for_brokers(self.get_broker(), {self.server_id, *brokers}, timeout, check_running)
+        credentials = self.client_tls.credentials() if self.client_tls is not None else None
+        last = wait_for_brokers(self.get_broker(), {self.server_id, *brokers}, timeout, check_running, credentials)
         if last is not None:
             raise self._error(f"{self._describe()} not ready after {timeout:.0f} s; last: {last}")
 
