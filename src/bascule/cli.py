@@ -296,6 +296,10 @@ ADMIN_COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["server"]:
+        from bascule.config.loading import go_style_flags
+
+        argv = ["server", *go_style_flags(argv[1:])]
     args = build_parser().parse_args(argv)
     try:
         if args.command == "server":

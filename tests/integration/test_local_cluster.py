@@ -7,6 +7,7 @@ import ipaddress
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -215,6 +216,22 @@ def test_three_nodes_keep_their_stream_through_a_kill_and_a_nats_restart() -> No
         cluster.wait_ready()
         pids = [pid for node in cluster.nodes for pid in node.pids()] + cluster.nats.pids()
     assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_fetch_metadata_lists_only_the_brokers_that_answer() -> None:
+    """go-liftbridge dials every broker FetchMetadata lists: a killed node drops out of the list
+    (its Raft connections close), and is listed again once it is back."""
+    with LocalCluster(3) as cluster:
+        cluster.kill(2)
+        listed: list[str] = []
+        for _ in range(100):
+            listed = sorted(b.id for b in _metadata(cluster.brokers[0]).brokers)
+            if listed == ["node-0", "node-1"]:
+                break
+            time.sleep(0.1)
+        assert listed == ["node-0", "node-1"]
+        cluster.restart(2)  # waits until every node lists all three again
+        assert sorted(b.id for b in _metadata(cluster.brokers[1]).brokers) == cluster.server_ids
 
 
 def _address_beyond_loopback() -> str | None:

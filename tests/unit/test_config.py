@@ -562,3 +562,31 @@ def test_nats_secrets_come_from_the_environment_too():
     environ = {"BASCULE_NATS_PASSWORD": "p", "BASCULE_NATS_TOKEN": "", "BASCULE_RAFT_PASSWORD": "r"}
     assert overrides_from_args(argparse.Namespace(), environ) == {
         "nats.password": "p", "clustering.raft.password": "r"}
+
+
+@pytest.mark.parametrize(
+    ("go_style", "expected"),
+    [
+        (["-id", "a", "-ns", "x"], {"clustering.server.id": "a", "clustering.namespace": "x"}),
+        (["-raft-bootstrap-seed", "-nats-servers=nats://h:4222"],
+         {"clustering.raft.bootstrap.seed": True, "nats.servers": ["nats://h:4222"]}),
+        (["-n", "nats://h:1", "-nc", "n.conf", "-e"],
+         {"nats.servers": ["nats://h:1"], "nats.embedded.config": "n.conf", "nats.embedded": True}),
+    ],
+)
+def test_liftbridge_go_style_single_dash_long_flags(go_style, expected):
+    from bascule.config.loading import go_style_flags
+
+    overrides = overrides_from_args(parse_flags(*go_style_flags(go_style)), environ={})
+    assert {key: list(value) if isinstance(value, tuple) else value for key, value in overrides.items()} == expected
+
+
+def test_liftbridge_environment_settings_lose_to_flags():
+    environ = {"LIFTBRIDGE_CLUSTERING_SERVER_ID": "from-env", "LIFTBRIDGE_STREAMS.RETENTION.MAX.AGE": "1h",
+               "LIFTBRIDGE_LOGGING_LEVEL": "debug", "LIFTBRIDGE_UNKNOWN_KEY": "ignored"}
+    overrides = overrides_from_args(parse_flags("-l", "warn"), environ=environ)
+    assert overrides == {"clustering.server.id": "from-env", "streams.retention.max.age": "1h", "logging.level": "warn"}
+    config = load_config(None, overrides)
+    assert config.clustering.server_id == "from-env" and config.streams.retention_max_age == 3600
+    with pytest.raises(ConfigError, match="clustering.min.insync.replicas"):
+        load_config(None, overrides_from_args(parse_flags(), environ={"LIFTBRIDGE_CLUSTERING_MIN_INSYNC_REPLICAS": "x"}))

@@ -33,6 +33,10 @@ class Cluster(Protocol):
     @property
     def state(self) -> MetadataState: ...
 
+    def live_brokers(self) -> set[str]:
+        """The ids of the brokers that answer (Liftbridge lists only those)."""
+        ...
+
     async def call(self, op: str, **args: Any) -> None: ...
 
     async def create_stream(

@@ -60,7 +60,10 @@ class StreamRPCs:
     def _metadata(self, state: MetadataState, names: list[str]) -> api_pb2.FetchMetadataResponse:
         response = api_pb2.FetchMetadataResponse()
         replicas, leaders = state.partitions_per_broker(), state.partitions_led_by()
+        live = self.cluster.live_brokers()
         for broker in state.brokers.values():
+            if broker.id not in live:
+                continue
             response.brokers.add(
                 id=broker.id, host=broker.host, port=broker.port,
                 partitionCount=replicas.get(broker.id, 0), leaderCount=leaders.get(broker.id, 0),

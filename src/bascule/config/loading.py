@@ -237,18 +237,47 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="address of this server's Raft transport (default: 127.0.0.1:0, a free port)")
 
 
+def go_style_flags(argv: list[str]) -> list[str]:
+    """``argv`` with Liftbridge's Go-style single-dash long flags (``-id a``, ``-raft-bootstrap-seed``,
+    ``-ns=x``) written as the double-dash ones they are: argparse would read ``-ns x`` as ``-n s``."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_server_arguments(probe)
+    long_flags = {flag for action in probe._actions for flag in action.option_strings if flag.startswith("--")}
+    rewritten = []
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if arg == "--":
+            rewritten.append(arg)
+            rewritten.extend(argv[len(rewritten):])
+            break
+        rewritten.append("-" + arg if not name.startswith("--") and "-" + name in long_flags else arg)
+    return rewritten
+
+
+def _environment_settings(environ: Mapping[str, str]) -> dict[str, object]:
+    """Liftbridge's environment overrides: $LIFTBRIDGE_<KEY> for a setting ``key``, its dots kept
+    (as viper reads them) or written as underscores (as a shell can export them)."""
+    found: dict[str, object] = {}
+    for key in SETTINGS:
+        for name in (f"LIFTBRIDGE_{key.upper()}", f"LIFTBRIDGE_{key.upper().replace('.', '_')}"):
+            if name in environ:
+                found[key] = environ[name]
+    return found
+
+
 def overrides_from_args(
     namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> dict[str, object]:
-    """Dotted-key overrides for load_config, one for each server flag given, and the secrets the
-    environment (``environ``, default os.environ) holds: $BASCULE_RAFT_PASSWORD,
-    $BASCULE_NATS_PASSWORD and $BASCULE_NATS_TOKEN."""
-    overrides: dict[str, object] = {
+    """Dotted-key overrides for load_config: Liftbridge's $LIFTBRIDGE_* settings in the environment
+    (``environ``, default os.environ), each server flag given, and the secrets the environment holds:
+    $BASCULE_RAFT_PASSWORD, $BASCULE_NATS_PASSWORD and $BASCULE_NATS_TOKEN."""
+    environ = os.environ if environ is None else environ
+    overrides = _environment_settings(environ)  # flags win over the environment, as in Liftbridge
+    overrides.update({
         key: getattr(namespace, dest)
         for dest, key in _FLAG_SETTINGS.items()
         if getattr(namespace, dest, None) is not None
-    }
-    environ = os.environ if environ is None else environ
+    })
     for variable, key in ((RAFT_PASSWORD_ENV, "clustering.raft.password"), (NATS_PASSWORD_ENV, "nats.password"),
                           (NATS_TOKEN_ENV, "nats.token")):
         if environ.get(variable):

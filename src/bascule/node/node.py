@@ -104,6 +104,13 @@ class Node:
     def state(self) -> MetadataState:
         return self.raft.state
 
+    def live_brokers(self) -> set[str]:
+        """This node and the brokers its Raft member is connected to: go-liftbridge dials every
+        broker FetchMetadata lists, and one that is down must not stop it connecting."""
+        connected = {voter["address"] for voter in self.raft.quorum()["voters"] if voter["connected"]}
+        return {broker.id for broker in self.state.brokers.values()
+                if broker.id == self.server_id or broker.raft in connected}
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self, api_port: int) -> None:
