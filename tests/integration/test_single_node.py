@@ -225,6 +225,29 @@ async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):
             assert values == [b"a", b"quiet", b"b"]
 
 
+async def test_publish_async_to_a_paused_partition_stores_the_requests_in_order(tmp_path):
+    """The first request resumes the partition; those that arrive meanwhile wait behind it (they
+    used to race it to the log: [14, 15, 0, 1, ...])."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("pz", "pz")
+            await client.pause_stream("pz")
+            values = [b"m-%03d" % i for i in range(300)]
+
+            async def stream():
+                for i, value in enumerate(values):
+                    yield api_pb2.PublishRequest(stream="pz", value=value, correlationId=str(i),
+                                                 ackPolicy=api_pb2.AckPolicy.LEADER)
+
+            channel = grpc.aio.insecure_channel(address)
+            responses = [r async for r in api_pb2_grpc.APIStub(channel).PublishAsync(stream())]
+            await channel.close()
+            assert sorted((int(r.correlationId), r.ack.offset) for r in responses) == [(i, i) for i in range(300)]
+            stored = [m.value async for m in client.subscribe("pz", start="earliest", stop_latest=True)]
+            assert stored == values
+
+
 async def test_restart_keeps_streams_and_messages(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ MAX_HEADER_NAME_BYTES = 65535
 
 # Serialized responses, and how many requests they (and any ack-NONE publishes) answer.
 Respond = Callable[[list[bytes], int], None]
+
+log = logging.getLogger(__name__)
 
 
 class PublishRPCs:
@@ -130,13 +133,24 @@ class PublishRPCs:
             wake.set()
 
         burst = _Burst(self.publishing, respond)
+        resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
 
         async def read_requests() -> None:
             nonlocal outstanding, reading
             try:
                 async for request in request_iterator:
                     outstanding += 1
-                    if self._allowed(request, context, respond):
+                    if not self._allowed(request, context, respond):
+                        continue
+                    held = resuming.get((request.stream, request.partition))
+                    if held is not None:  # behind requests that resume the partition: in order
+                        held.append(request)
+                    elif self._paused(request):
+                        resuming[request.stream, request.partition] = [request]
+                        task = asyncio.create_task(self._resume_then_publish(request, resuming, respond, burst, slow))
+                        slow.add(task)
+                        task.add_done_callback(slow.discard)
+                    else:
                         self._publish_async(request, respond, burst, slow)
             finally:
                 reading = False
@@ -158,6 +172,29 @@ class PublishRPCs:
             reader.cancel()
             for task in slow:
                 task.cancel()
+
+    def _paused(self, request: api_pb2.PublishRequest) -> bool:
+        meta = self.cluster.state.partition(request.stream, request.partition)
+        return meta is not None and meta.paused
+
+    async def _resume_then_publish(
+        self, first: api_pb2.PublishRequest, resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]],
+        respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
+    ) -> None:
+        """Resume a paused partition, then publish the requests held back for it meanwhile, in the
+        order they came (each on its own would race the others to the log)."""
+        key = (first.stream, first.partition)
+        try:
+            await self._resume_here(first)
+            if self.cluster.state.partition(*key) is not None and self._writable_leader(first) is None:
+                await self.replicas.until_leading(*key)
+        except asyncio.CancelledError:  # the call ended
+            resuming.pop(key)
+            raise
+        except Exception:  # each request below meets the failure again, and answers with it
+            log.debug("resuming %s/%s for PublishAsync failed", *key, exc_info=True)
+        for request in resuming.pop(key):  # no await in between: requests read later come after these
+            self._publish_async(request, respond, burst, slow)
 
     def _allowed(self, request: api_pb2.PublishRequest, context: Any, respond: Respond) -> bool:
         if self.authorization is None or self.authorization.allows(context, request.stream, "Publish"):
