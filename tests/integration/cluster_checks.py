@@ -181,7 +181,7 @@ async def restart(cluster: LocalCluster, index: int) -> None:
     """Start a stopped (killed) node again, without blocking the event loop."""
     node = cluster.node(index)
     node.start(wait=False)
-    await asyncio.to_thread(node.wait_ready, 30, cluster.server_ids)
+    await asyncio.to_thread(node.wait_ready, 30, cluster.running_server_ids)
 
 
 async def publish_all_acked(cluster: LocalCluster, stream: str, values: list[bytes], timeout: float = 20) -> dict:

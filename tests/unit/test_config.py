@@ -589,4 +589,5 @@ def test_liftbridge_environment_settings_lose_to_flags():
     config = load_config(None, overrides)
     assert config.clustering.server_id == "from-env" and config.streams.retention_max_age == 3600
     with pytest.raises(ConfigError, match="clustering.min.insync.replicas"):
-        load_config(None, overrides_from_args(parse_flags(), environ={"LIFTBRIDGE_CLUSTERING_MIN_INSYNC_REPLICAS": "x"}))
+        environ = {"LIFTBRIDGE_CLUSTERING_MIN_INSYNC_REPLICAS": "x"}
+        load_config(None, overrides_from_args(parse_flags(), environ=environ))

@@ -480,6 +480,11 @@ class BasculeCluster:
         return [f"node-{index}" for index in range(self.size)]
 
     @property
+    def running_server_ids(self) -> list[str]:
+        """The nodes FetchMetadata lists: those running (a killed one drops out of the list)."""
+        return [node.server_id for node in self.nodes if node.running]
+
+    @property
     def brokers(self) -> list[str]:
         """Every node's gRPC address for clients on the host, in node order."""
         return [node.get_broker() for node in self.nodes]
@@ -539,11 +544,11 @@ class BasculeCluster:
         return [str(ipaddress.ip_address(top - self.size + 1 + index)) for index in range(self.size)]
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Until every running node lists every node of the cluster."""
+        """Until every running node lists every running node of the cluster."""
         deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
         for node in self.nodes:
             if node.running:
-                node.wait_ready(max(1.0, deadline - time.monotonic()), brokers=self.server_ids)
+                node.wait_ready(max(1.0, deadline - time.monotonic()), brokers=self.running_server_ids)
 
     def stop(self) -> None:
         """Remove every container and the network."""
@@ -580,7 +585,8 @@ class BasculeCluster:
     def restart(self, index: int, wait: bool = True, *, graceful: bool = True) -> None:
         """Stop node `index` if running (SIGTERM, or SIGKILL when not `graceful`), start it again with the same
         addresses and data; with `wait`, until it lists every broker again."""
-        self.nodes[index].restart(wait, graceful=graceful, brokers=self.server_ids)
+        self.nodes[index].restart(wait, graceful=graceful, brokers=[
+            node.server_id for i, node in enumerate(self.nodes) if i == index or node.running])
 
     def log_tails(self, lines: int = 30) -> str:
         """The end of every container's log, for a failure message."""

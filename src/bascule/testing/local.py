@@ -462,6 +462,11 @@ class LocalCluster:
     def server_ids(self) -> list[str]:
         return [node.server_id for node in self.nodes]
 
+    @property
+    def running_server_ids(self) -> list[str]:
+        """The nodes FetchMetadata lists: those running (a killed one drops out of the list)."""
+        return [node.server_id for node in self.nodes if node.running]
+
     def node(self, index: int) -> LocalNode:
         return self.nodes[index]
 
@@ -485,9 +490,9 @@ class LocalCluster:
         return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Until every running node's FetchMetadata lists every node of the cluster."""
+        """Until every running node's FetchMetadata lists every running node of the cluster."""
         deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
-        ids = self.server_ids
+        ids = self.running_server_ids
         for node in self.nodes:
             if node.running:
                 node.wait_ready(max(0.1, deadline - time.monotonic()), brokers=ids)
@@ -555,7 +560,7 @@ class LocalCluster:
             node.kill()
         node.start(wait=False)
         if wait:
-            node.wait_ready(self.ready_timeout if timeout is None else timeout, brokers=self.server_ids)
+            node.wait_ready(self.ready_timeout if timeout is None else timeout, brokers=self.running_server_ids)
 
     def power_cut(self, index: int) -> dict[str, int]:
         """SIGKILL node `index`, then drop every write to its data dir that it had not fsynced (the
