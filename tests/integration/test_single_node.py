@@ -248,6 +248,27 @@ async def test_publish_async_to_a_paused_partition_stores_the_requests_in_order(
             assert stored == values
 
 
+async def test_subscribe_with_resume_wakes_a_paused_partition(tmp_path):
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("nap", "nap")
+            await client.publish_many("nap", [b"a", b"b"], ack_policy="all")
+            await client.pause_stream("nap")
+            channel = grpc.aio.insecure_channel(address)
+            stub = api_pb2_grpc.APIStub(channel)
+            request = api_pb2.SubscribeRequest(stream="nap", startPosition=api_pb2.StartPosition.EARLIEST,
+                                               stopPosition=api_pb2.StopPosition.STOP_LATEST, resume=True)
+            got = []
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                async for message in stub.Subscribe(request, timeout=10):
+                    got.append(message.value)
+            await channel.close()
+            assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # the stop offset, not "paused"
+            assert got == [b"", b"a", b"b"]  # the handshake, then the messages
+            assert not (await client.fetch_metadata("nap")).streams["nap"].partitions[0].paused
+
+
 async def test_restart_keeps_streams_and_messages(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

@@ -11,6 +11,7 @@ import grpc
 from bascule.api import positions
 from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
+from bascule.api.status import metadata_call
 from bascule.h2grpc import Framed
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
@@ -56,6 +57,9 @@ class SubscribeRPCs:
     async def _open(self, request, context) -> tuple[PartitionReplica, int, int | None]:
         """The replica to read, the first offset and the last (None: follow until cancelled),
         or the call aborted."""
+        meta = self.cluster.state.partition(request.stream, request.partition)
+        if request.resume and meta is not None and meta.paused:  # Liftbridge's resume: wake it to read
+            await metadata_call(context, self.cluster.call("resume", name=request.stream, partition=request.partition))
         local = await readable_partition(
             self.cluster, self.replicas, request.stream, request.partition, context, allow_isr=request.readISRReplica
         )
