@@ -269,6 +269,27 @@ async def test_subscribe_with_resume_wakes_a_paused_partition(tmp_path):
             assert not (await client.fetch_metadata("nap")).streams["nap"].partitions[0].paused
 
 
+async def test_an_explicit_zero_retention_limit_is_no_limit(tmp_path):
+    """As in Liftbridge: a stream created with retentionMaxMessages 0 keeps everything; one that
+    does not set it gets the cluster's limit."""
+    settings = {"streams.retention.max.messages": 5, "streams.segment.max.bytes": 200,
+                "streams.cleaner.interval": "100ms"}
+    async with running_node(tmp_path, **settings) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("limited", "limited")
+            await client.create_stream("unlimited", "unlimited", retention_max_messages=0)
+            for name in ("limited", "unlimited"):
+                await client.publish_many(name, [b"message-%02d" % i for i in range(20)], ack_policy="all")
+            await asyncio.sleep(0.5)  # a few cleaner passes
+
+            async def oldest(name: str) -> int:
+                return [m.offset async for m in client.subscribe(name, start="earliest", stop_latest=True)][0]
+
+            assert await oldest("limited") > 0
+            assert await oldest("unlimited") == 0
+
+
 async def test_restart_keeps_streams_and_messages(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

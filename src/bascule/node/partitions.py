@@ -299,9 +299,10 @@ class Partitions:
         return LogConfig(
             segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
             segment_max_age=settings.get("segment_max_age") or defaults.segment_max_age,
-            retention_max_bytes=settings.get("retention_max_bytes") or defaults.retention_max_bytes,
-            retention_max_messages=settings.get("retention_max_messages") or defaults.retention_max_messages,
-            retention_max_age=settings.get("retention_max_age") or defaults.retention_max_age,
+            # An explicit 0 retention limit is no limit, as in Liftbridge; an absent one the default.
+            retention_max_bytes=settings.get("retention_max_bytes", defaults.retention_max_bytes),
+            retention_max_messages=settings.get("retention_max_messages", defaults.retention_max_messages),
+            retention_max_age=settings.get("retention_max_age", defaults.retention_max_age),
         )
 
     # ---- notifications -----------------------------------------------------------------------

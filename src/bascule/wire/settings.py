@@ -4,7 +4,8 @@ CreateStream, the propagated create request and the journaled ``create_stream`` 
 checked against this one table, so a stream never exists with a setting that every replica would
 then fail to apply. The table also maps each setting to its CreateStreamRequest field, for the API
 and for bascule's client. Durations are seconds (float); 0 means "the cluster default" (or, for min ISR,
-``clustering.min.insync.replicas``).
+``clustering.min.insync.replicas``), except for the retention limits, where a 0 given means no limit, as
+in Liftbridge (an absent one is the cluster default).
 """
 
 from __future__ import annotations
