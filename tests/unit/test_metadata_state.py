@@ -228,3 +228,45 @@ def test_the_nodes_may_ask_for_the_internal_cursor_stream():
 
     validate_request("create_stream", {"name": "__cursors", "subject": "__cursors", "group": "",
                                        "replication_factor": 1, "partitions": 1, "settings": {}})
+
+
+# ---- the activity stream's events ------------------------------------------------------------
+
+
+def test_each_applied_stream_change_is_an_activity_event_in_order_and_refused_ones_are_not():
+    from bascule.metadata.state import ActivityEvent
+
+    state = stream_state(replicas=(("a",), ("b",)))
+    assert apply(state, "pause", name="s", partitions=[1], resume_all=True, at=5) is None
+    assert apply(state, "resume", name="s", partition=1) is None
+    assert apply(state, "set_readonly", name="s", partitions=[], readonly=True, at=6) is None
+    assert apply(state, "delete_stream", name="nope")[0] == NOT_FOUND  # refused: no event
+    assert apply(state, "delete_stream", name="s") is None
+    assert state.activity == (
+        ActivityEvent(1, "create_stream", "s", (0, 1)),
+        ActivityEvent(2, "pause", "s", (1,), resume_all=True),
+        ActivityEvent(3, "resume", "s", (1,)),
+        ActivityEvent(4, "set_readonly", "s", (), readonly=True),
+        ActivityEvent(5, "delete_stream", "s"),
+    )
+    assert apply(state, "activity_published", id=3) is None
+    assert [e.id for e in state.activity] == [4, 5] and state.activity_ids == 5
+    restored = MetadataState.restore(msgpack.unpackb(msgpack.packb(state.snapshot()), raw=False))
+    assert restored == state.state
+
+
+def test_unpublished_activity_is_bounded():
+    from bascule.metadata.state import MAX_PENDING_ACTIVITY
+
+    state = stream_state(replicas=(("a",),))
+    for i in range(MAX_PENDING_ACTIVITY + 10):
+        apply(state, "set_readonly", name="s", partitions=[], readonly=i % 2 == 0, at=i)
+    assert len(state.activity) == MAX_PENDING_ACTIVITY and state.activity[-1].id == state.activity_ids
+    assert state.activity_dropped == 11  # the create_stream event and the first ten changes
+
+
+def test_a_snapshot_without_activity_restores_with_none():
+    snapshot = stream_state().snapshot()
+    for key in ("activity", "activity_ids", "activity_dropped"):
+        del snapshot[key]
+    assert MetadataState.restore(snapshot).activity == ()

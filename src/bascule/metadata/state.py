@@ -66,18 +66,40 @@ class Stream:
 
 Change = tuple["MetadataState", ApplyResult]
 
+# Activity events not yet published to the activity stream are kept up to this many; older ones
+# are dropped (counted) rather than let the state grow while nothing publishes them.
+MAX_PENDING_ACTIVITY = 1024
+
+
+@dataclass(frozen=True)
+class ActivityEvent:
+    """A metadata change, for Liftbridge's activity stream (``__activity``): numbered in the order
+    the changes were applied, so that the metadata leader publishes each at least once, in order."""
+
+    id: int
+    op: str  # create_stream, delete_stream, pause, resume or set_readonly
+    stream: str
+    partitions: tuple[int, ...] = ()
+    resume_all: bool = False
+    readonly: bool = False
+
 
 @dataclass(frozen=True)
 class MetadataState:
     brokers: Mapping[str, Broker] = field(default_factory=dict)
     streams: Mapping[str, Stream] = field(default_factory=dict)
     version: int = 0  # count of applied commands, so readers can tell "unchanged"
+    activity: tuple[ActivityEvent, ...] = ()  # not yet published, oldest first
+    activity_ids: int = 0  # events numbered so far
+    activity_dropped: int = 0  # events dropped unpublished (MAX_PENDING_ACTIVITY)
 
     def apply(self, command: dict[str, Any]) -> Change:
         """The state after ``command``, and its result; a refused command changes nothing but
         the version."""
         handler: Callable[[dict[str, Any]], Change] = getattr(self, "_" + command["op"])
         state, result = handler(command)
+        if result is None and command["op"] in _ACTIVITY_OPS:
+            state = state._with_activity(command)
         return replace(state, version=self.version + 1), result
 
     def partition(self, stream: str, partition: int) -> Partition | None:
@@ -107,6 +129,9 @@ class MetadataState:
                 {**_stream_fields(s), "partitions": [_partition_fields(p) for p in s.partitions.values()]}
                 for s in self.streams.values()
             ],
+            "activity": [{**asdict(e), "partitions": list(e.partitions)} for e in self.activity],
+            "activity_ids": self.activity_ids,
+            "activity_dropped": self.activity_dropped,
         }
 
     @classmethod
@@ -119,7 +144,11 @@ class MetadataState:
             }
             streams[s["name"]] = Stream(**{**s, "partitions": partitions})
         brokers = {b["id"]: Broker(**b) for b in snapshot["brokers"]}
-        return cls(brokers, streams, snapshot["version"])
+        activity = tuple(  # absent from snapshots taken before the activity stream
+            ActivityEvent(**{**e, "partitions": tuple(e["partitions"])}) for e in snapshot.get("activity", ())
+        )
+        return cls(brokers, streams, snapshot["version"], activity, snapshot.get("activity_ids", 0),
+                   snapshot.get("activity_dropped", 0))
 
     # ---- rules -------------------------------------------------------------------------------
 
@@ -210,7 +239,26 @@ class MetadataState:
         changed = replace(p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1)
         return self._with_partitions(c["name"], [changed]), None
 
+    def _activity_published(self, c: dict[str, Any]) -> Change:
+        return replace(self, activity=tuple(e for e in self.activity if e.id > c["id"])), None
+
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _with_activity(self, c: dict[str, Any]) -> MetadataState:
+        op = c["op"]
+        if op == "create_stream":
+            partitions: tuple[int, ...] = tuple(range(len(c["replicas"])))
+        elif op == "resume":
+            partitions = (c["partition"],)
+        else:
+            partitions = tuple(c.get("partitions", ()))
+        event = ActivityEvent(
+            self.activity_ids + 1, op, c["name"], partitions, c.get("resume_all", False), c.get("readonly", False)
+        )
+        pending = (*self.activity, event)
+        dropped = max(0, len(pending) - MAX_PENDING_ACTIVITY)
+        return replace(self, activity=pending[dropped:], activity_ids=event.id,
+                       activity_dropped=self.activity_dropped + dropped)
 
     def _incarnation(self, broker: str) -> str:
         found = self.brokers.get(broker)
@@ -236,6 +284,9 @@ class MetadataState:
         stream = self.streams[name]
         partitions = {**stream.partitions, **{p.id: p for p in changed}}
         return self._with_stream(replace(stream, partitions=partitions))
+
+
+_ACTIVITY_OPS = frozenset({"create_stream", "delete_stream", "pause", "resume", "set_readonly"})
 
 
 def _stream_fields(stream: Stream) -> dict[str, Any]:

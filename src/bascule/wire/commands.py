@@ -115,6 +115,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
                       "isr": _ISR},
     "change_isr": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER, "add": _boolean,
                    "leader": _BROKER, "leader_epoch": _EPOCH},
+    "activity_published": {"id": _integer(0, _MAX_INT64)},
 }
 
 
