@@ -156,7 +156,7 @@ def test_liftbridge_example_file_loads(write_config):
     assert config.streams.retention_max_messages == 100
     assert config.clustering.raft_bootstrap_seed
     assert config.logging.raft  # honoured now: Raft's own log lines at the configured level
-    assert config.ignored_settings == ("activity.stream.enabled",)
+    assert config.ignored_settings == () and not config.activity.enabled
 
 
 # ---- value forms ---------------------------------------------------------------------------------
@@ -286,8 +286,7 @@ def test_listen_address_and_advertised_host(settings, listen_address, advertised
         ({"clustering.raft.listen": "0.0.0.0:0"}, "clustering.raft.listen: expected host:port with a host"),
         ({"clustering.raft.bootstrap.peers": "a b"}, "clustering.raft.bootstrap.peers: expected a list of peers"),
         ({"tls.cert": "server.pem"}, "tls.cert, tls.key: expected both set or neither"),
-        ({"activity.stream.enabled": True},
-         "activity.stream.enabled: expected false (bascule does not support the activity stream), got True"),
+        ({"activity.stream.publish.ack.policy": "some"}, "activity.stream.publish.ack.policy: expected one of"),
         ({"streams.compact.enabled": True}, "streams.compact.enabled: expected false (bascule does not support"),
         ({"nats.user": "me", "nats.token": "t"}, "nats: give NATS one way to authenticate"),
         ({"nats.tls.cert": "client.pem"}, "nats: nats.tls.cert and nats.tls.key go together"),

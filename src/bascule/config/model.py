@@ -86,6 +86,15 @@ class StreamsConfig:
 
 
 @dataclass(frozen=True)
+class ActivityConfig:
+    """Liftbridge's activity stream: stream changes published to ``__activity``."""
+
+    enabled: bool = False
+    publish_timeout: float = 5.0
+    publish_ack_policy: str = "all"
+
+
+@dataclass(frozen=True)
 class CursorsConfig:
     stream_partitions: int = 0
     stream_replication_factor: int = -1
@@ -110,6 +119,7 @@ class Config:
     clustering: ClusteringConfig = ClusteringConfig()
     streams: StreamsConfig = StreamsConfig()
     cursors: CursorsConfig = CursorsConfig()
+    activity: ActivityConfig = ActivityConfig()
     groups: GroupsConfig = GroupsConfig()
     # Liftbridge settings that were given but have no effect in bascule, for the node to warn about.
     ignored_settings: tuple[str, ...] = ()

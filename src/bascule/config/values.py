@@ -351,8 +351,10 @@ SETTINGS: dict[str, Setting] = {
     "cursors.stream.auto.pause.time": Setting(_duration, "cursors.stream_auto_pause_time"),
     "groups.consumer.timeout": Setting(_duration, "groups.consumer_timeout"),
     "groups.coordinator.timeout": Setting(_duration, "groups.coordinator_timeout"),
+    "activity.stream.enabled": Setting(_boolean, "activity.enabled"),
+    "activity.stream.publish.timeout": Setting(_duration, "activity.publish_timeout"),
+    "activity.stream.publish.ack.policy": Setting(_choice("none", "leader", "all"), "activity.publish_ack_policy"),
     # Liftbridge features bascule lacks: fine when off, an error when asked for.
-    "activity.stream.enabled": _ignored(_disabled("the activity stream")),
     "streams.compact.enabled": _ignored(_disabled("compaction")),
     "streams.encryption": _ignored(_disabled("encryption at rest")),
     "streams.concurrency.control": _ignored(_disabled("optimistic concurrency control")),
@@ -364,8 +366,6 @@ SETTINGS: dict[str, Setting] = {
     "clustering.raft.cache.size": _ignored(_integer(0)),
     "clustering.raft.max.quorum.size": _ignored(_integer(0)),
     "streams.compact.max.goroutines": _ignored(_integer(1)),
-    "activity.stream.publish.timeout": _ignored(_duration),
-    "activity.stream.publish.ack.policy": _ignored(_choice("none", "leader", "all")),
     "telemetry.enabled": _ignored(_boolean),
     "telemetry.interval.seconds": _ignored(_integer(0)),
 }

@@ -28,6 +28,7 @@ from bascule.natsio.sealed import SealedNats
 from bascule.natsio.server import EmbeddedNats
 from bascule.natsio.urls import redacted
 from bascule.node import identity
+from bascule.node.activity import ActivityPublisher
 from bascule.node.admin import ADMIN_TIMEOUT, AdminQueries
 from bascule.node.capture import CapturePath
 from bascule.node.maintenance import Maintenance
@@ -171,6 +172,11 @@ class Node:
         if registration is not None:
             await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
         Maintenance(self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks).start()
+        if self.config.activity.enabled:
+            activity = ActivityPublisher(
+                self.config.activity, clustering.namespace, self._raft, self.call, self._publishing
+            )
+            self.tasks.start(activity.run(), "activity stream")
         log.info("node %s started: nats %s, raft %s", self.server_id, [redacted(url) for url in nats_url], raft_address)
 
     async def stop(self) -> None:

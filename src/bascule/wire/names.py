@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-RESERVED_STREAMS = frozenset({"__activity", "__cursors"})
+ACTIVITY_STREAM = "__activity"
 CURSORS_STREAM = "__cursors"
+RESERVED_STREAMS = frozenset({ACTIVITY_STREAM, CURSORS_STREAM})
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_\-.]{0,248}")
 _SUBJECT_SPECIALS = frozenset(".*>")
