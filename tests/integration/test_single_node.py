@@ -139,9 +139,8 @@ async def test_api_errors_match_liftbridge(tmp_path):
             with pytest.raises(BasculeError) as failure:
                 await collect(client.subscribe("nope"), 1)
             assert failure.value.code == grpc.StatusCode.NOT_FOUND
-            with pytest.raises(BasculeError) as failure:
-                await collect(client.subscribe("dup", offset=-3), 1)
-            assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            await client.publish("dup", b"first", ack_policy="all")
+            assert [m.offset for m in await collect(client.subscribe("dup", offset=-3), 1)] == [0]  # from the oldest
             metadata = await client.fetch_metadata("nope")
             assert not metadata.streams["nope"].exists
 
@@ -288,6 +287,50 @@ async def test_an_explicit_zero_retention_limit_is_no_limit(tmp_path):
 
             assert await oldest("limited") > 0
             assert await oldest("unlimited") == 0
+
+
+async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):
+    """As Liftbridge's, a Publish goes through the stream's NATS subject when another stream captures
+    it too (both store it), and an ackInbox the request names gets the ack (Publish and
+    PublishToSubject alike); a wildcard or malformed ackInbox is refused."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("first", "shared")
+            await client.create_stream("second", "shared")
+            await client.create_stream("alone", "alone")
+            nc = await nats.connect(node._embedded.url)
+            inbox = await nc.subscribe("my.inbox")
+            channel = grpc.aio.insecure_channel(address)
+            stub = api_pb2_grpc.APIStub(channel)
+            ALL = api_pb2.AckPolicy.ALL
+            try:
+                response = await stub.Publish(api_pb2.PublishRequest(stream="first", value=b"both", ackPolicy=ALL),
+                                              timeout=10)
+                assert response.ack.stream == "first" and response.ack.offset == 0
+                response = await stub.Publish(api_pb2.PublishRequest(
+                    stream="alone", value=b"acked there", ackPolicy=ALL, ackInbox="my.inbox"), timeout=10)
+                assert response.ack.offset == 0
+                sent_ack = envelope.decode_message((await inbox.next_msg(timeout=5)).data, envelope.MsgType.ACK,
+                                                   api_pb2.Ack)
+                assert (sent_ack.stream, sent_ack.offset) == ("alone", 0)
+                response = await stub.PublishToSubject(api_pb2.PublishToSubjectRequest(
+                    subject="alone", value=b"to subject", ackPolicy=ALL, ackInbox="my.inbox"), timeout=10)
+                assert response.ack.offset == 1
+                assert envelope.decode_message((await inbox.next_msg(timeout=5)).data, envelope.MsgType.ACK,
+                                               api_pb2.Ack).offset == 1
+                for bad in ("my.*", "my inbox", "my..inbox"):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.Publish(api_pb2.PublishRequest(stream="alone", value=b"x", ackInbox=bad), timeout=5)
+                    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+            finally:
+                await channel.close()
+                await nc.close()
+            for name in ("first", "second"):
+                got = [m.value async for m in client.subscribe(name, start="earliest", stop_latest=True)]
+                assert got == [b"both"], name
+            alone = [m.value async for m in client.subscribe("alone", start="earliest", stop_latest=True)]
+            assert alone == [b"acked there", b"to subject"]
 
 
 async def test_restart_keeps_streams_and_messages(tmp_path):

@@ -23,7 +23,7 @@ from bascule.h2grpc.messages import frame
 from bascule.metadata.state import MetadataState
 from bascule.wire import capture
 from bascule.wire.entry import Record
-from bascule.wire.names import publish_subject_error
+from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
 from bascule.wire.pb import api_pb2
 
 # An entry holds up to 65,535 headers, two of which each message gets (subject, reply).
@@ -45,6 +45,7 @@ class PublishRPCs:
         self.publishing = publishing
         self.authorization = authorization  # PublishAsync checks each request ("Publish" on its stream)
         self._last_lookup: tuple[MetadataState, tuple[str, int], LedPartition | None] | None = None
+        self._shared: tuple[MetadataState, dict[tuple[str, int], bool]] | None = None
 
     async def Publish(self, request, context):
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
@@ -85,12 +86,32 @@ class PublishRPCs:
                 raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
             if meta.readonly:
                 raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
-            writable = not meta.paused and meta.leader == self.cluster.server_id
+            writable = not meta.paused and meta.leader == self.cluster.server_id and not self._shared_subject(*key)
             local = self.replicas.get(request.stream, request.partition) if writable else None
             if local is not None or not writable:  # not yet opened here: asked again next time
                 # The metadata is an immutable value: while it is the same object, so is the answer.
                 self._last_lookup = (state, key, local)
+        if request.ackInbox:
+            problem = publish_subject_error(request.ackInbox)
+            if problem:
+                raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"ackInbox: {problem}", "BAD_REQUEST")
+            return None  # through NATS, as Liftbridge: the partition leader acks to that inbox
         return local
+
+    def _shared_subject(self, stream: str, partition: int) -> bool:
+        """Whether another stream captures what is published to this partition's subject: then a
+        publish goes through NATS, as Liftbridge's do, so that every such stream stores it."""
+        state = self.cluster.state
+        if self._shared is None or self._shared[0] is not state:
+            self._shared = (state, {})
+        known = self._shared[1]
+        if (stream, partition) not in known:
+            subject = partition_subject(state.streams[stream].subject, partition)
+            known[stream, partition] = publish_subject_error(subject) is None and any(
+                subject_matches(partition_subject(other.subject, index), subject)
+                for other in state.streams.values() if other.name != stream for index in other.partitions
+            )
+        return known[stream, partition]
 
     async def _resume_here(self, request: api_pb2.PublishRequest) -> LedPartition | None:
         """Resume the partition if it is paused; the partition if this node leads it."""
@@ -98,6 +119,8 @@ class PublishRPCs:
         if meta is None or not meta.paused:
             return None
         await self.cluster.call("resume", name=request.stream, partition=request.partition)
+        if request.ackInbox or self._shared_subject(request.stream, request.partition):
+            return None
         leads = meta.leader == self.cluster.server_id
         return self.replicas.get(request.stream, request.partition) if leads else None
 
@@ -251,11 +274,12 @@ class PublishRPCs:
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(
-            key=request.key, value=request.value, headers=request.headers,
+            key=request.key, value=request.value, headers=request.headers, ackInbox=request.ackInbox,
             correlationId=request.correlationId, ackPolicy=request.ackPolicy,
         )
         wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
-        problem = publish_subject_error(request.subject)
+        problem = publish_subject_error(request.subject) or (
+            request.ackInbox and publish_subject_error(request.ackInbox))
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:

@@ -77,12 +77,33 @@ class EnvelopePublisher:
         return waiter
 
     async def request(self, subject: str, message: api_pb2.Message, timeout: float) -> api_pb2.Ack:
-        """Publish and wait up to ``timeout`` for the ack (asyncio.TimeoutError after it)."""
+        """Publish and wait up to ``timeout`` for the ack (asyncio.TimeoutError after it). An ack
+        inbox the message already names is kept, as Liftbridge keeps it: the ack is awaited there."""
+        if message.ackInbox:
+            return await self._request_on_own_inbox(subject, message, timeout)
         waiter = await self.send(subject, message)
         try:
             return await asyncio.wait_for(waiter, timeout)
         finally:
             waiter.cancel()
+
+    async def _request_on_own_inbox(self, subject: str, message: api_pb2.Message, timeout: float) -> api_pb2.Ack:
+        acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
+
+        async def on_ack(msg: Msg) -> None:
+            if not acked.done():
+                try:
+                    acked.set_result(envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack))
+                except envelope.EnvelopeError as exc:
+                    log.warning("dropping malformed ack on %s: %s", msg.subject, exc)
+
+        # Subscribed before the publish, on the same connection: the server has it first.
+        subscription = await self.nc.subscribe(message.ackInbox, cb=on_ack)
+        try:
+            await self.nc.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
+            return await asyncio.wait_for(acked, timeout)
+        finally:
+            await subscription.unsubscribe()
 
     async def _on_ack(self, msg: Msg) -> None:
         waiter = self._waiters.get(msg.subject)

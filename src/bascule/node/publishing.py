@@ -116,12 +116,13 @@ class PublishPath:
         return await self.envelopes.request(subject, message, timeout or ACK_TIMEOUT)
 
     async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
-        """Publish to a partition led elsewhere, through its NATS subject."""
+        """Publish through the partition's NATS subject, as Liftbridge does: for a partition led
+        elsewhere, one whose subject other streams capture too, or a request naming an ack inbox."""
         stream = self.raft.state.streams.get(request.stream)
         if stream is None:
             raise MetadataError(NOT_FOUND, "No such stream or partition")
         message = api_pb2.Message(
-            key=request.key, value=request.value, headers=request.headers,
+            key=request.key, value=request.value, headers=request.headers, ackInbox=request.ackInbox,
             correlationId=request.correlationId, ackPolicy=request.ackPolicy,
         )
         return await self.publish_to_subject(partition_subject(stream.subject, request.partition), message, wait)

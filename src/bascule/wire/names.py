@@ -81,6 +81,18 @@ def broker_id_error(broker_id: str) -> str | None:
     return None
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether a NATS subscription to ``pattern`` (``*`` one token, a last ``>`` one or more)
+    gets a message published to ``subject``."""
+    wanted, tokens = pattern.split("."), subject.split(".")
+    for index, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or token not in ("*", tokens[index]):
+            return False
+    return len(wanted) == len(tokens)
+
+
 def partition_subject(subject: str, partition: int) -> str:
     return subject if partition == 0 else f"{subject}.{partition}"
 
