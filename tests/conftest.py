@@ -42,8 +42,9 @@ def not_private(root) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def running_node(data_dir, **settings):
-    """An in-process bascule node with embedded NATS on free loopback ports; yields (config, address)."""
+async def running_node(data_dir, metrics_servers=None, **settings):
+    """An in-process bascule node with embedded NATS on free loopback ports; yields (node, address).
+    ``metrics_servers``, a list, receives the node's metrics endpoint when the settings configure one."""
     nats_config = data_dir / "nats.conf"
     nats_config.write_text("listen: 127.0.0.1:-1\n")
     overrides = {
@@ -58,7 +59,9 @@ async def running_node(data_dir, **settings):
     }
     config = load_config(None, overrides)
     ready, stop = asyncio.Event(), asyncio.Event()
-    node_task = asyncio.create_task(run(config, ready=ready, stop=stop, nodes=(nodes := [])))
+    node_task = asyncio.create_task(
+        run(config, ready=ready, stop=stop, nodes=(nodes := []), metrics_servers=metrics_servers)
+    )
     ready_wait = asyncio.create_task(ready.wait())
     done, _ = await asyncio.wait({node_task, ready_wait}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
     if node_task in done:

@@ -16,7 +16,10 @@ from bascule import logs
 from bascule.api.authz import Authorization
 from bascule.api.server import add_services
 from bascule.config import Config, ConfigError, load_config, overrides_from_args
+from bascule.config.model import MetricsConfig
+from bascule.config.values import join_host_port
 from bascule.h2grpc import GrpcServer, server_tls_context
+from bascule.metrics import MetricsServer
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
 
@@ -31,10 +34,12 @@ async def run(
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
     nodes: list[Node] | None = None,
+    metrics_servers: list[MetricsServer] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM or until ``stop`` is set; ``ready`` is set once the API serves.
 
-    ``nodes``, when given, receives the running node (for in-process tests). Every task of the
+    ``nodes``, when given, receives the running node, and ``metrics_servers`` its metrics endpoint when
+    one is configured (for in-process tests). Every task of the
     node is in this call's task group: one that fails stops the server, and the error comes out
     of this call.
     """
@@ -44,7 +49,7 @@ async def run(
         loop.add_signal_handler(signum, stop.set)
     try:
         async with asyncio.TaskGroup() as group:
-            await _serve(config, Tasks(group), ready, stop, nodes)
+            await _serve(config, Tasks(group), ready, stop, nodes, metrics_servers)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -52,6 +57,7 @@ async def run(
 
 async def _serve(
     config: Config, tasks: Tasks, ready: asyncio.Event | None, stop: asyncio.Event, nodes: list[Node] | None,
+    metrics_servers: list[MetricsServer] | None,
 ) -> None:
     tls = None
     if config.tls.enabled:
@@ -60,10 +66,14 @@ async def _serve(
     if nodes is not None:
         nodes.append(node)
     server = GrpcServer(ssl_context=tls)
+    metrics = None
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
         port = await server.bind(config.listen_host, config.port)
         await node.start(port)
+        metrics = await _start_metrics(config.metrics, node)
+        if metrics is not None and metrics_servers is not None:
+            metrics_servers.append(metrics)
         health = add_services(server, node, node.partitions, node.publishing, node.admin,
                               await asyncio.to_thread(_authorization, config))
         await server.start()
@@ -75,8 +85,20 @@ async def _serve(
         log.info("shutting down")
         health.set_serving(False)
     finally:
+        if metrics is not None:
+            await metrics.stop()
         await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
+
+
+async def _start_metrics(config: MetricsConfig, node: Node) -> MetricsServer | None:
+    """The metrics, /healthz and /readyz endpoint, when configured."""
+    if config.port is None:
+        return None
+    metrics = MetricsServer(node)
+    await metrics.start(config.host, config.port)
+    log.info("metrics, /healthz and /readyz on http://%s", join_host_port(config.host, metrics.port))
+    return metrics
 
 
 def _authorization(config: Config) -> Authorization | None:

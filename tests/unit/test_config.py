@@ -590,3 +590,79 @@ def test_liftbridge_environment_settings_lose_to_flags():
     with pytest.raises(ConfigError, match="clustering.min.insync.replicas"):
         environ = {"LIFTBRIDGE_CLUSTERING_MIN_INSYNC_REPLICAS": "x"}
         load_config(None, overrides_from_args(parse_flags(), environ=environ))
+
+
+# ---- the metrics endpoint ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, host, port",
+    [
+        ({}, "127.0.0.1", None),
+        ({"metrics.listen": "127.0.0.1:9100"}, "127.0.0.1", 9100),
+        ({"metrics.listen": "0.0.0.0:9100"}, "0.0.0.0", 9100),
+        ({"metrics.listen": ":9100"}, "0.0.0.0", 9100),
+        ({"metrics.listen": "[::1]:9100"}, "::1", 9100),
+        ({"metrics.listen": 9100}, "127.0.0.1", 9100),
+        ({"metrics.listen": "127.0.0.1:0"}, "127.0.0.1", 0),
+        ({"metrics.port": 9100}, "127.0.0.1", 9100),
+        ({"metrics.listen": "10.1.2.3:9100", "metrics.port": 9200}, "10.1.2.3", 9200),
+    ],
+)
+def test_metrics_endpoint_address(settings, host, port):
+    metrics = load_config(None, settings).metrics
+    assert (metrics.host, metrics.port) == (host, port)
+
+
+def test_metrics_listen_in_a_file(write_config):
+    config = load_text(write_config, "metrics:\n  listen: 0.0.0.0:9100\n")
+    assert (config.metrics.host, config.metrics.port) == ("0.0.0.0", 9100)
+
+
+def test_the_metrics_port_flag_keeps_the_host_of_the_file(write_config):
+    path = write_config("metrics.listen: 10.1.2.3:9100\n")
+    flags = parse_flags("-c", path, "--metrics-port", "9300")
+    assert overrides_from_args(flags, environ={}) == {"metrics.port": 9300}
+    config = load_config(flags.config, overrides_from_args(flags, environ={}))
+    assert (config.metrics.host, config.metrics.port) == ("10.1.2.3", 9300)
+
+
+def test_the_metrics_port_flag_alone_binds_loopback():
+    config = load_config(None, overrides_from_args(parse_flags("--metrics-port", "9300"), environ={}))
+    assert (config.metrics.host, config.metrics.port) == ("127.0.0.1", 9300)
+
+
+def test_the_go_style_metrics_port_flag():
+    from bascule.config.loading import go_style_flags
+
+    assert overrides_from_args(parse_flags(*go_style_flags(["-metrics-port", "9300"])), environ={}) == {
+        "metrics.port": 9300}
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"metrics.listen": "nowhere"}, "metrics.listen: expected host:port, like 127.0.0.1:9292, got 'nowhere'"),
+        ({"metrics.listen": "127.0.0.1:99999"}, "metrics.listen: expected host:port"),
+        ({"metrics.listen": "127.0.0.1:-1"}, "metrics.listen: expected host:port"),
+        ({"metrics.listen": "a b:9100"}, "metrics.listen: expected host:port"),
+        ({"metrics.listen": True}, "metrics.listen: expected host:port"),
+        ({"metrics.listen": ["127.0.0.1:9100"]}, "metrics.listen: expected host:port"),
+        ({"metrics.listen": 70000}, "metrics.listen: expected an integer from 0 to 65535, got 70000"),
+        ({"metrics.port": "ninety"}, "metrics.port: expected an integer from 0 to 65535, got 'ninety'"),
+        ({"metrics.port": -1}, "metrics.port: expected an integer from 0 to 65535, got -1"),
+        ({"metrics.port": 9100.5}, "metrics.port: expected an integer from 0 to 65535, got 9100.5"),
+        ({"metrics.lisen": "127.0.0.1:9100"}, "metrics.lisen: unknown setting (did you mean metrics.listen?)"),
+        ({"metrics": 9100}, "metrics: expected a mapping of settings such as metrics.listen, got 9100"),
+    ],
+)
+def test_bad_metrics_settings_are_rejected_naming_the_key(settings, message):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, settings)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_bad_metrics_port_flag_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse_flags("--metrics-port", "http")
+    assert "--metrics-port: invalid int value: 'http'" in capsys.readouterr().err

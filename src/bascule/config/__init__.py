@@ -5,7 +5,8 @@ A configuration file is YAML with Liftbridge's keys, nested (``clustering: {serv
 the file. Durations are seconds (float) once loaded; sizes are bytes (int).
 
 bascule's own keys: ``clustering.raft.listen`` (host:port of the Raft transport, port 0 = pick one at
-start), ``clustering.raft.password`` and ``streams.sync`` (``never``, ``always`` or an fsync interval).
+start), ``clustering.raft.password``, ``streams.sync`` (``never``, ``always`` or an fsync interval), and
+``metrics.listen`` and ``metrics.port`` (the HTTP endpoint of metrics and health probes; off unless set).
 ``bascule server`` also takes the Raft password from $BASCULE_RAFT_PASSWORD.
 
 Loading refuses what would be unsafe to run: a Raft address other than loopback without a password

@@ -27,6 +27,7 @@ from bascule.config.model import (
     CursorsConfig,
     GroupsConfig,
     LoggingConfig,
+    MetricsConfig,
     NatsConfig,
     StreamsConfig,
     TlsConfig,
@@ -135,6 +136,7 @@ def _build(values: dict[str, Any]) -> Config:
         cursors=CursorsConfig(**fields["cursors"]),
         activity=ActivityConfig(**fields["activity"]),
         groups=GroupsConfig(**fields["groups"]),
+        metrics=_metrics(values),
         ignored_settings=tuple(sorted(key for key in values if SETTINGS[key].ignored)),
         **fields[""],
     )
@@ -169,6 +171,16 @@ def _listen_host_and_port(values: dict[str, Any]) -> tuple[str, int]:
     else:
         host = listen_host or "0.0.0.0"
     return host, values.get("port", listen_port)
+
+
+def _metrics(values: dict[str, Any]) -> MetricsConfig:
+    """The API's rule for the metrics endpoint: `metrics.port` (the flag) wins over the port of
+    `metrics.listen`; without a host in `metrics.listen` it binds loopback only."""
+    if "metrics.listen" not in values and "metrics.port" not in values:
+        return MetricsConfig()
+    listen_host, listen_port = values.get("metrics.listen", (None, None))
+    host = "127.0.0.1" if listen_host is None else listen_host or "0.0.0.0"
+    return MetricsConfig(host=host, port=values.get("metrics.port", listen_port))
 
 
 def _nats(values: dict[str, Any], fields: dict[str, Any]) -> NatsConfig:
@@ -211,11 +223,13 @@ _FLAG_SETTINGS = {
     "raft_bootstrap_seed": "clustering.raft.bootstrap.seed",
     "raft_bootstrap_peers": "clustering.raft.bootstrap.peers",
     "raft_listen": "clustering.raft.listen",
+    "metrics_port": "metrics.port",
 }
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Liftbridge's server flags, plus --raft-listen. Flags not given stay None (see overrides_from_args)."""
+    """Liftbridge's server flags, plus --raft-listen and --metrics-port. Flags not given stay None (see
+    overrides_from_args)."""
     add = parser.add_argument
     add("-c", "--config", metavar="FILE", help="load configuration from FILE")
     add("--id", "--server-id", dest="server_id", help="ID of the server in the cluster (default: stored or random)")
@@ -237,6 +251,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action="extend", help="bootstrap the Raft cluster with these peers if there is no existing state")
     add("--raft-listen", dest="raft_listen", metavar="HOST:PORT",
         help="address of this server's Raft transport (default: 127.0.0.1:0, a free port)")
+    add("--metrics-port", dest="metrics_port", metavar="PORT", type=int,
+        help="serve Prometheus metrics, /healthz and /readyz over HTTP on PORT "
+             "(on 127.0.0.1 unless metrics.listen names a host; default: off)")
 
 
 def go_style_flags(argv: list[str]) -> list[str]:

@@ -108,6 +108,14 @@ class GroupsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The HTTP endpoint of Prometheus metrics, /healthz and /readyz: off while ``port`` is None."""
+
+    host: str = "127.0.0.1"
+    port: int | None = None  # 0 = pick a free port at start
+
+
+@dataclass(frozen=True)
 class Config:
     listen_host: str = "127.0.0.1"
     port: int = DEFAULT_PORT  # 0 = pick a free port at start
@@ -121,6 +129,7 @@ class Config:
     cursors: CursorsConfig = CursorsConfig()
     activity: ActivityConfig = ActivityConfig()
     groups: GroupsConfig = GroupsConfig()
+    metrics: MetricsConfig = MetricsConfig()
     # Liftbridge settings that were given but have no effect in bascule, for the node to warn about.
     ignored_settings: tuple[str, ...] = ()
 

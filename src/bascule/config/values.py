@@ -354,6 +354,9 @@ SETTINGS: dict[str, Setting] = {
     "activity.stream.enabled": Setting(_boolean, "activity.enabled"),
     "activity.stream.publish.timeout": Setting(_duration, "activity.publish_timeout"),
     "activity.stream.publish.ack.policy": Setting(_choice("none", "leader", "all"), "activity.publish_ack_policy"),
+    # bascule's HTTP endpoint of metrics and health probes (MetricsConfig, built by loading).
+    "metrics.listen": Setting(_listen),
+    "metrics.port": Setting(_port),
     # Liftbridge features bascule lacks: fine when off, an error when asked for.
     "streams.compact.enabled": _ignored(_disabled("compaction")),
     "streams.encryption": _ignored(_disabled("encryption at rest")),

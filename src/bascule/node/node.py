@@ -105,6 +105,37 @@ class Node:
     def state(self) -> MetadataState:
         return self.raft.state
 
+    @property
+    def nats_client(self) -> nats.NATS:
+        assert self._nats is not None, "node not started"
+        return self._nats
+
+    @property
+    def internal_nats(self) -> SealedNats:
+        """The node-to-node side of the NATS connection (it counts the messages it drops)."""
+        assert self._internal is not None, "node not started"
+        return self._internal
+
+    def why_not_ready(self) -> str | None:
+        """Why this node should not take traffic yet; None once it has caught up with a metadata group
+        that has a leader, is registered as a broker, is connected to NATS and has brought up every
+        partition the metadata assigns to it."""
+        if self._nats is None or self._raft is None or self._partitions is None:
+            return "starting"
+        if not self._raft.ready:
+            return "the metadata has not caught up with the Raft group yet"
+        if self._raft.leader is None:
+            return "no metadata leader"
+        if not self._nats.is_connected:
+            return "not connected to NATS"
+        registered = self.state.brokers.get(self.server_id)
+        if registered is None or registered.incarnation != self.incarnation:
+            return "not registered as a broker yet"
+        unopened = self._partitions.unopened()
+        if unopened:
+            return f"{len(unopened)} partition(s) not brought up yet, such as {unopened[0][0]}/{unopened[0][1]}"
+        return None
+
     def live_brokers(self) -> set[str]:
         """This node and the brokers its Raft member is connected to: go-liftbridge dials every
         broker FetchMetadata lists, and one that is down must not stop it connecting."""

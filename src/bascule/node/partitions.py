@@ -96,6 +96,14 @@ class Partitions:
     def items(self) -> list[tuple[tuple[str, int], LocalPartition]]:
         return list(self._local.items())
 
+    def unopened(self) -> list[tuple[str, int]]:
+        """The (stream, partition) pairs the metadata assigns to this node that are not up in their
+        role yet: a reconcile is on its way, or could not bring them up."""
+        return sorted(
+            key for key in self._wanted(self.raft.state)
+            if (local := self._local.get(key)) is None or not local.started
+        )
+
     async def until_leading(self, stream: str, partition: int) -> LocalPartition | None:
         """The partition once this node leads it, when the metadata names it leader but it does
         not lead yet (just started, or handing back an epoch of an earlier run); None once the

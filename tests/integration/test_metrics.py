@@ -1,0 +1,187 @@
+"""The metrics, /healthz and /readyz endpoint of an in-process node, over real sockets."""
+
+import asyncio
+import random
+import time
+
+import nats
+import pytest
+from conftest import running_node
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from bascule.client import Client
+from bascule.natsio.sealed import SealedNats
+from bascule.wire.seal import Sealer, derive_key
+
+pytestmark = pytest.mark.anyio
+
+METRICS_ON = {"metrics.listen": "127.0.0.1:0"}
+
+
+async def exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` raw and read until the server closes: (status, header fields, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("ascii").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (field.partition(":") for field in fields)}
+    return int(status_line.split(" ")[1]), headers, body
+
+
+async def get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    return await exchange(port, f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n".encode())
+
+
+async def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample the endpoint exposes, by (sample name, labels)."""
+    status, headers, body = await get(port, "/metrics")
+    assert status == 200 and headers["content-type"] == CONTENT_TYPE_LATEST
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+async def eventually(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(0.05)
+
+
+def partition_labels(stream: str, partition: int = 0) -> frozenset:
+    return frozenset({"stream": stream, "partition": str(partition)}.items())
+
+
+async def test_health_readiness_and_routes(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        status, _, body = await get(port, "/healthz")
+        assert (status, body) == (200, b"ok\n")
+
+        async def ready():
+            return (await get(port, "/readyz"))[0] == 200
+
+        assert await eventually(ready)
+        assert (await get(port, "/readyz"))[2] == b"ready\n"
+        assert node.why_not_ready() is None
+        assert (await get(port, "/readyz?verbose=1"))[0] == 200  # a query is no part of the path
+        assert (await get(port, "/nowhere"))[0] == 404
+        assert (await get(port, "/"))[0] == 404
+        status, headers, _ = await get(port, "/metrics", method="POST")
+        assert (status, headers["allow"]) == (405, "GET, HEAD")
+        status, headers, body = await get(port, "/healthz", method="HEAD")
+        assert (status, headers["content-length"], body) == (200, "3", b"")
+        assert headers["connection"] == "close"
+
+
+async def test_partition_series_follow_publishes(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("orders", "orders.in", partitions=2)
+            before = await scrape(port)
+            assert before[("bascule_partition_log_end_offset", partition_labels("orders"))] == 0
+            assert before[("bascule_partition_high_watermark", partition_labels("orders"))] == -1
+            for i in range(5):
+                await client.publish("orders", f"m{i}".encode(), ack_policy="all")
+            await client.publish("orders", b"other", partition=1, ack_policy="all")
+            after = await scrape(port)
+        for name, value in [("log_end_offset", 5), ("high_watermark", 4), ("isr_size", 1), ("replicas", 1),
+                            ("leader", 1), ("under_replicated", 0)]:
+            assert after[(f"bascule_partition_{name}", partition_labels("orders"))] == value, name
+        assert after[("bascule_partition_log_end_offset", partition_labels("orders", 1))] == 1
+        assert after[("bascule_partitions_under_replicated", frozenset())] == 0
+        assert after[("bascule_partitions_offline", frozenset())] == 0
+        assert after[("bascule_raft_leader", frozenset())] == 1
+        assert after[("bascule_raft_term", frozenset())] >= 1
+        assert after[("bascule_raft_commit_index", frozenset())] >= 1
+        voter = frozenset({"voter": node.raft.address}.items())
+        assert after[("bascule_raft_voter_connected", voter)] == 1
+        assert after[("bascule_raft_voter_match_index", voter)] == after[("bascule_raft_commit_index", frozenset())]
+        assert after[("bascule_nats_connected", frozenset())] == 1
+        assert after[("bascule_nats_reconnects_total", frozenset())] == 0
+        dropped = [labels for name, labels in after if name == "bascule_internal_messages_dropped_total"]
+        reasons = {dict(labels)["reason"] for labels in dropped}
+        assert reasons == {"malformed", "bad_tag", "stale", "replayed"}
+
+
+async def test_dropped_internal_messages_are_counted(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        bad_tag = ("bascule_internal_messages_dropped_total", frozenset({"reason": "bad_tag"}.items()))
+        assert (await scrape(port))[bad_tag] == 0
+        nc = await nats.connect(node._embedded.url)
+        stranger = SealedNats(nc, Sealer(derive_key("not the cluster's secret")))
+        await stranger.publish(node.subjects.admin_status, b"")
+        await nc.flush()
+        await nc.close()
+
+        async def counted():
+            return (await scrape(port))[bad_tag] == 1
+
+        assert await eventually(counted)
+
+
+GARBAGE = [
+    (bytes(random.Random(7).randrange(256) for _ in range(512)) + b"\r\n\r\n", 400),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(200) + b"\r\n\r\n", 400),  # a TLS hello
+    (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 16 * 1024 + b"\r\n\r\n", 431),
+    (b"GET /metrics\r\n\r\n", 400),
+    (b"GET  /metrics HTTP/1.1\r\n\r\n", 400),
+    (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+    (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nBad Name: x\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nX: a\x00b\r\n\r\n", 400),
+    (b"GET /metr", 400),  # then the client stops sending
+]
+
+
+async def test_garbage_gets_400_or_431_and_the_endpoint_keeps_answering(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        for garbage, status in GARBAGE:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(garbage)
+            writer.write_eof()
+            response = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert response.startswith(f"HTTP/1.1 {status} ".encode()), (garbage[:40], response[:60])
+            assert b"\r\nConnection: close\r\n" in response
+            assert (await get(port, "/healthz"))[0] == 200
+        assert ("bascule_raft_leader", frozenset()) in await scrape(port)
+
+
+async def test_a_client_that_sends_nothing_is_let_go_and_others_are_served(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+        assert (await get(port, "/healthz"))[0] == 200
+        for _, writer in silent:
+            writer.write_eof()
+        for reader, writer in silent:
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed without an answer
+            writer.close()
+
+
+async def test_no_endpoint_unless_configured(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers) as (node, address):
+        assert node.config.metrics.port is None
+        assert servers == []
