@@ -27,6 +27,7 @@ log = logging.getLogger("bascule")
 
 GC_THRESHOLD = 50_000
 SHUTDOWN_GRACE = 1.0
+HANDOFF_TIMEOUT = 5.0  # seconds a stopping node spends handing its partitions over
 
 
 async def run(
@@ -84,6 +85,8 @@ async def _serve(
         await stop.wait()
         log.info("shutting down")
         health.set_serving(False)
+        # Before the API closes: writers are told "not leader" and go to the new leaders at once.
+        await node.hand_off_leaderships(HANDOFF_TIMEOUT)
     finally:
         if metrics is not None:
             await metrics.stop()

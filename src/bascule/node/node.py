@@ -31,6 +31,7 @@ from bascule.node import identity
 from bascule.node.activity import ActivityPublisher
 from bascule.node.admin import ADMIN_TIMEOUT, AdminQueries
 from bascule.node.capture import CapturePath
+from bascule.node.handoff import hand_off_leaderships
 from bascule.node.maintenance import Maintenance
 from bascule.node.partitions import Partitions
 from bascule.node.publishing import PublishPath
@@ -135,6 +136,14 @@ class Node:
         if unopened:
             return f"{len(unopened)} partition(s) not brought up yet, such as {unopened[0][0]}/{unopened[0][1]}"
         return None
+
+    async def hand_off_leaderships(self, timeout: float) -> int:
+        """Controlled shutdown: the partitions this node leads, to other ISR members (node.handoff)."""
+        if self._raft is None or self._admin is None:
+            return 0
+        return await hand_off_leaderships(
+            self.server_id, lambda: self.state, self.call, self._admin.gather_replica_reports, timeout
+        )
 
     def live_brokers(self) -> set[str]:
         """This node and the brokers its Raft member is connected to: go-liftbridge dials every
