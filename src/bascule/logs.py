@@ -11,15 +11,28 @@ import sys
 from typing import TextIO
 
 from bascule.config.model import LoggingConfig
+from bascule.logcontext import CONCERNS
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(concerns)s: %(message)s"
 COMPONENT_LOGGERS = {
     "raft": ("pysyncobj", "bascule.metadata.raft", "bascule.metadata.journal"),
     "nats": ("nats", "bascule.natsio"),
     "recovery": ("bascule.partition.log",),
 }
-# Fields a log call may attach (extra=...) that say what the line concerns.
+# Fields that say what a line concerns: from the logging task (logcontext) or extra=...
 CONTEXT_FIELDS = ("stream", "partition")
+
+
+class Concerns(logging.Filter):
+    """Puts the stream and partition the logging task works on (``logcontext``) on each record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = record.__dict__
+        concerns = CONCERNS.get()
+        if concerns is not None and "stream" not in fields:
+            fields["stream"], fields["partition"] = concerns
+        fields["concerns"] = f" [{fields['stream']}/{fields.get('partition')}]" if "stream" in fields else ""
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -43,6 +56,7 @@ class JsonFormatter(logging.Formatter):
 
 def configure(config: LoggingConfig, stream: TextIO = sys.stderr) -> None:
     handler = logging.StreamHandler(stream)
+    handler.addFilter(Concerns())
     handler.setFormatter(JsonFormatter() if config.format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

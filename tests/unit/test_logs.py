@@ -55,3 +55,29 @@ def test_logging_keys_are_checked():
     for overrides in ({"logging.format": "xml"}, {"logging.nats": "sometimes"}):
         with pytest.raises(ConfigError):
             load_config(None, overrides)
+
+
+@pytest.mark.anyio
+async def test_a_task_marked_as_concerning_a_partition_tags_its_lines_and_only_its_own(restore_logging):
+    import asyncio
+
+    from bascule.logcontext import concerning
+
+    out = io.StringIO()
+    logs.configure(load_config(None, {"logging.format": "json"}).logging, out)
+    log = logging.getLogger("bascule.test")
+
+    async def follower() -> None:
+        concerning("orders", 3)
+        log.warning("behind the leader")
+
+    await asyncio.create_task(follower())
+    log.warning("the node itself")
+    tagged, untagged = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (tagged["stream"], tagged["partition"]) == ("orders", 3)
+    assert "stream" not in untagged
+
+    text = io.StringIO()
+    logs.configure(load_config(None, {}).logging, text)
+    await asyncio.create_task(follower())
+    assert "bascule.test [orders/3]: behind the leader" in text.getvalue()

@@ -14,6 +14,7 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 
+from bascule.logcontext import concerning
 from bascule.natsio.sealed import SealedNats
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
@@ -108,6 +109,7 @@ class FollowerLoop:
         what the log holds (a new machine truncates through the leader first): a follower that
         silently stopped fetching would stay in the ISR until its lag showed, and never catch up.
         Only a failed replica (``PartitionReplica.failed``) ends the loop: the node closes it."""
+        concerning(self.replica.stream, self.replica.partition)
         while not self._stopping and not self.replica.closed:
             if self.replica.failed is not None:
                 # Not a loop failure to retry: its log takes no more writes, and fetching on would

@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bascule.logcontext import concerning
 from bascule.natsio.flush import flush
 from bascule.natsio.sealed import SealedNats
 from bascule.partition.log import OffsetOutOfRange
@@ -54,6 +55,7 @@ class LeaderEndpoint:
         self._subscriptions = []
 
     async def _on_fetch(self, msg: Msg) -> None:
+        concerning(self.replica.stream, self.replica.partition)
         request = _decode(msg, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest)
         if request is None:
             return
@@ -84,6 +86,7 @@ class LeaderEndpoint:
         await self.nc.publish(msg.reply, response)
 
     async def _on_epoch_query(self, msg: Msg) -> None:
+        concerning(self.replica.stream, self.replica.partition)
         request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)
         if request is None:
             return
