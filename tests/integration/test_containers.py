@@ -137,6 +137,19 @@ async def test_single_node_with_bascule_client(node):
         assert [m.value for m in got] == [f"e{i}".encode() for i in range(5)]
 
 
+async def test_the_node_publishes_its_metrics_port(node):
+    import urllib.request
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(node.get_metrics_url() + path, timeout=5) as response:
+            return response.status, response.read().decode()
+
+    assert (await asyncio.to_thread(get, "/healthz"))[0] == 200
+    assert (await asyncio.to_thread(get, "/readyz"))[0] == 200
+    status, body = await asyncio.to_thread(get, "/metrics")
+    assert status == 200 and "bascule_raft_leader 1.0" in body
+
+
 async def test_a_node_serving_mutual_tls_in_a_container(engine, tmp_path):
     """Certificates copied in; readiness and the test's client reach it with the client's; a client
     without a certificate of the CA is refused."""

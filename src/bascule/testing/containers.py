@@ -76,6 +76,7 @@ LABEL = "io.github.bascule.testing"
 OWNER_LABEL = "io.github.bascule.testing.owner"  # host:pid of the process that made the container
 NATS_PORT = 4222
 RAFT_PORT = 9393
+METRICS_PORT = 9102  # Prometheus metrics, /healthz and /readyz, published on the host's loopback
 RAFT_PASSWORD_ENV = "BASCULE_RAFT_PASSWORD"  # read by `bascule server` (bascule.config)
 CONFIG_PATH = "/etc/bascule/testing.yaml"
 NATS_CONFIG_PATH = "/etc/bascule/testing-nats.conf"
@@ -326,6 +327,7 @@ class BasculeContainer(_Node):
             "listen": f"0.0.0.0:{self.port}",
             "host": LOOPBACK,  # advertised: clients on the host connect to 127.0.0.1:<port>
             "data.dir": DATA_DIR,
+            "metrics.listen": f"0.0.0.0:{METRICS_PORT}",
             **(self._copy_tls_files(tls) if tls is not None else {}),
             **flat_config(config),
         }
@@ -348,6 +350,7 @@ class BasculeContainer(_Node):
             self.with_env(RAFT_PASSWORD_ENV, raft_password)
         self.with_copy_into_container(yaml.safe_dump(settings, sort_keys=False).encode(), CONFIG_PATH)
         _publish_on_loopback(self, self.port, self.port)
+        _publish_on_loopback(self, METRICS_PORT, None)
         kwargs: dict[str, Any] = {"labels": _labels(role="bascule", server_id=server_id)}
         if sysctls:
             kwargs["sysctls"] = dict(sysctls)
@@ -365,6 +368,7 @@ class BasculeContainer(_Node):
         if name:
             self.with_name(name)
         self._nats_url: str | None = None
+        self._metrics_url: str | None = None
 
     def _copy_tls_files(self, tls: ServerTls) -> dict[str, Any]:
         """Copy the TLS files in (root's, readable by the image's user: a test container's own key);
@@ -387,6 +391,7 @@ class BasculeContainer(_Node):
         if self.embedded_nats:
             # Read now: a stopped container's mapped ports cannot be read.
             self._nats_url = f"nats://{LOOPBACK}:{self.get_exposed_port(NATS_PORT)}"
+        self._metrics_url = f"http://{LOOPBACK}:{self.get_exposed_port(METRICS_PORT)}"
         if wait:
             self.wait_ready()
         return self
@@ -394,6 +399,12 @@ class BasculeContainer(_Node):
     def get_broker(self) -> str:
         """The gRPC API's address for clients on the host: 127.0.0.1:<port>."""
         return f"{LOOPBACK}:{self.port}"
+
+    def get_metrics_url(self) -> str:
+        """The node's metrics endpoint for the host: ``<url>/metrics``, ``/healthz``, ``/readyz``."""
+        if self._metrics_url is None:
+            raise ContainerError(f"{self._describe()} has not been started")
+        return self._metrics_url
 
     def get_nats_url(self) -> str:
         """The embedded NATS server's URL for clients on the host (single node only)."""
