@@ -222,6 +222,26 @@ fi
 
 # ---- 4. the Python base image ------------------------------------------------------------------------------
 image_exists() { podman image exists "$1"; }
+# debian_image IMAGE PACKAGES CHANGE: an image of Debian bookworm packages (mmdebstrap | podman import),
+# made from this machine's own apt sources (its mirror), given to mmdebstrap as files: no registry needed.
+debian_image() {
+    local sources=() file
+    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+        [ -s "$file" ] && grep -qv '^\s*\(#.*\)\?$' "$file" && sources+=("$file")
+    done
+    [ ${#sources[@]} -gt 0 ] || die "no apt sources on this machine to make $1 from"
+    grep -qs 'bookworm' "${sources[@]}" || die "the apt sources are not Debian bookworm (Python 3.11):
+set BASCULE_BASE_IMAGE to a Python 3.11 image you have"
+    command -v mmdebstrap >/dev/null || apt_install mmdebstrap
+    say "making $1 with mmdebstrap (Debian bookworm: $2)"
+    mmdebstrap --quiet --variant=essential --include="$2" \
+        --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Check-Date "false"' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        bookworm - "${sources[@]}" \
+        | podman import --change "$3" - "$1" >&2
+}
 BASE_TAR=$CACHE/bascule-python-${LOCAL_BASE##*:}.tar
 if ! image_exists "$BASE_IMAGE"; then
     [ "$BASE_IMAGE" = "$LOCAL_BASE" ] || die "BASCULE_BASE_IMAGE=$BASE_IMAGE is not in podman's storage"
@@ -229,23 +249,7 @@ if ! image_exists "$BASE_IMAGE"; then
         say "loading $BASE_IMAGE from $BASE_TAR"
         podman load -q -i "$BASE_TAR" >&2
     else
-        # The packages come from this machine's own apt sources (its mirror), given to mmdebstrap as files.
-        sources=()
-        for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-            [ -s "$file" ] && grep -qv '^\s*\(#.*\)\?$' "$file" && sources+=("$file")
-        done
-        [ ${#sources[@]} -gt 0 ] || die "no apt sources on this machine to make the base image from"
-        grep -qs 'bookworm' "${sources[@]}" || die "the apt sources are not Debian bookworm (Python 3.11):
-set BASCULE_BASE_IMAGE to a Python 3.11 image you have"
-        command -v mmdebstrap >/dev/null || apt_install mmdebstrap
-        say "making $BASE_IMAGE with mmdebstrap (Debian bookworm: $BASE_PACKAGES)"
-        mmdebstrap --quiet --variant=essential --include="$BASE_PACKAGES" \
-            --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Check-Date "false"' \
-            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-            --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-            --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-            bookworm - "${sources[@]}" \
-            | podman import --change 'CMD ["python3"]' - "$BASE_IMAGE" >&2
+        debian_image "$BASE_IMAGE" "$BASE_PACKAGES" 'CMD ["python3"]'
         say "saving $BASE_IMAGE to $BASE_TAR"
         rm -f "$CACHE"/bascule-python-*.tar  # those of other package lists
         podman save -q -o "$BASE_TAR.tmp" "$BASE_IMAGE" >&2
@@ -344,6 +348,12 @@ if $with_compose && ! { command -v podman-compose >/dev/null && compose_ok podma
     else
         say "podman-compose: $venv/bin/podman-compose"
     fi
+fi
+
+# compose.yaml's Prometheus, from Debian's package like the base image.
+PROMETHEUS_IMAGE=localhost/bascule-prometheus:2.42
+if $with_compose && ! image_exists "$PROMETHEUS_IMAGE"; then
+    debian_image "$PROMETHEUS_IMAGE" prometheus 'ENTRYPOINT ["/usr/bin/prometheus"]'
 fi
 
 say "ready: $IMAGE, $NATS_IMAGE, API on unix://$SOCKET"
