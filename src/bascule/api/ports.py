@@ -44,6 +44,20 @@ class Cluster(Protocol):
         settings: dict[str, Any],
     ) -> None: ...
 
+    @property
+    def group_timeouts(self) -> tuple[float, float]:
+        """groups.consumer.timeout and groups.coordinator.timeout, in seconds."""
+        ...
+
+    async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
+        """Join ``group`` (created if need be); its coordinator and epoch. Raises MetadataError."""
+        ...
+
+    def fetch_group_assignments(self, group: str, consumer: str, epoch: int) -> tuple[int, dict[str, tuple[int, ...]]]:
+        """The group epoch and the consumer's partitions per stream, served by the group's
+        coordinator (this node) as a heartbeat of the consumer. Raises MetadataError."""
+        ...
+
 
 class Replicas(Protocol):
     """The partition replicas this node runs."""

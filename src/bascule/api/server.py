@@ -9,6 +9,7 @@ from typing import Any
 from bascule.api.admin import Admin
 from bascule.api.authz import RESOURCES, Authorization
 from bascule.api.cursors import Cursors
+from bascule.api.groups import GroupRPCs
 from bascule.api.health import Health
 from bascule.api.ports import Cluster, ClusterQueries, Publishing, Replicas
 from bascule.api.publish import PublishRPCs
@@ -30,7 +31,9 @@ class API:
     """Every RPC of ``proto.API`` that bascule implements, each taken from the group that
     implements it; the others are UNIMPLEMENTED."""
 
-    def __init__(self, streams: StreamRPCs, publish: PublishRPCs, subscribe: SubscribeRPCs, cursors: Cursors) -> None:
+    def __init__(
+        self, streams: StreamRPCs, publish: PublishRPCs, subscribe: SubscribeRPCs, cursors: Cursors, groups: GroupRPCs,
+    ) -> None:
         self.CreateStream: Handler = streams.CreateStream
         self.DeleteStream: Handler = streams.DeleteStream
         self.PauseStream: Handler = streams.PauseStream
@@ -43,6 +46,10 @@ class API:
         self.Subscribe: Handler = subscribe.Subscribe
         self.SetCursor: Handler = cursors.SetCursor
         self.FetchCursor: Handler = cursors.FetchCursor
+        self.JoinConsumerGroup: Handler = groups.JoinConsumerGroup
+        self.LeaveConsumerGroup: Handler = groups.LeaveConsumerGroup
+        self.FetchConsumerGroupAssignments: Handler = groups.FetchConsumerGroupAssignments
+        self.ReportConsumerGroupCoordinator: Handler = groups.ReportConsumerGroupCoordinator
 
 
 class Data:
@@ -62,7 +69,7 @@ def add_services(
     subscribe = SubscribeRPCs(cluster, replicas)
     api = API(
         StreamRPCs(cluster, replicas), PublishRPCs(cluster, replicas, publishing, authorization), subscribe,
-        Cursors(cluster, replicas, publishing),
+        Cursors(cluster, replicas, publishing), GroupRPCs(cluster),
     )
     served: list[tuple[Any, object]] = [
         (API_SERVICE, api), (DATA_SERVICE, Data(subscribe)), (ADMIN_SERVICE, Admin(cluster, queries)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from typing import TypeVar
 
 import grpc
 
@@ -14,6 +15,8 @@ from bascule.partition.replica import NotLeader, PartitionClosed
 from bascule.wire.names import RESERVED_STREAMS
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 NO_LEADER = "no known metadata leader"
 UNAVAILABLE = "unavailable"  # how a transient failure's message starts (PublishAsync has no such code)
@@ -26,15 +29,16 @@ METADATA_CODES = {
 }
 
 
-async def metadata_call(context: grpc.aio.ServicerContext, proposal: Awaitable[None]) -> None:
-    """Await a metadata change; its refusal aborts the call with the matching status."""
+async def metadata_call(context: grpc.aio.ServicerContext, proposal: Awaitable[T]) -> T:
+    """Await a metadata change, and what it returns; its refusal aborts the call with the matching status."""
     try:
-        await proposal
+        return await proposal
     except MetadataError as exc:
         await context.abort(METADATA_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
     except NoMetadataLeader:
         # Liftbridge's words, but UNAVAILABLE: clients retry that, and it is transient.
         await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
+    raise AssertionError("unreachable: abort raises")
 
 
 async def refuse_internal_stream(name: str, context: grpc.aio.ServicerContext) -> None:

@@ -55,7 +55,10 @@ class StreamRPCs:
         return api_pb2.SetStreamReadonlyResponse()
 
     async def FetchMetadata(self, request, context):
-        return self._metadata(self.cluster.state, list(request.streams))
+        state = self.cluster.state
+        response = self._metadata(state, list(request.streams))
+        _add_groups(response, state, list(request.groups))
+        return response
 
     def _metadata(self, state: MetadataState, names: list[str]) -> api_pb2.FetchMetadataResponse:
         response = api_pb2.FetchMetadataResponse()
@@ -97,3 +100,13 @@ class StreamRPCs:
         if partition is None:  # deleted meanwhile
             return api_pb2.FetchPartitionMetadataResponse()
         return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(partition))
+
+
+def _add_groups(response: api_pb2.FetchMetadataResponse, state: MetadataState, group_ids: list[str]) -> None:
+    """Liftbridge: the groups asked for, by name (an unknown one is answered UNKNOWN_GROUP)."""
+    for group_id in group_ids:
+        group = state.groups.get(group_id)
+        if group is None:
+            response.groupMetadata.add(groupId=group_id, error=api_pb2.ConsumerGroupMetadata.Error.UNKNOWN_GROUP)
+        else:
+            response.groupMetadata.add(groupId=group_id, coordinator=group.coordinator, epoch=group.epoch)

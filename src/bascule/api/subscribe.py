@@ -3,8 +3,11 @@ bascule's SubscribeBatches (entries as stored, many per gRPC message)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -13,6 +16,8 @@ from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
 from bascule.api.status import metadata_call
 from bascule.h2grpc import Framed
+from bascule.metadata.groups import NOT_ASSIGNED, subscription_error
+from bascule.metadata.state import MetadataState
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.batches import as_subscribe_request
@@ -26,37 +31,118 @@ SUBSCRIBE_BATCH_BYTES = 256 * 1024
 BATCH_BYTES = 1024 * 1024
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # what a gRPC client takes in one message by default
 IDLE_RECHECK = 1.0
+# How long a group member's subscription waits for this node's metadata to reach the group epoch
+# the member holds (it learned it from a node that applied the change first).
+GROUP_CATCH_UP = 2.0
+GROUP_CATCH_UP_POLL = 0.02
+
+
+@dataclass
+class GroupReader:
+    """The member of a consumer group reading a partition here; told to stop when displaced."""
+
+    consumer: str
+    epoch: int
+    displaced: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GroupReaders:
+    """Liftbridge's rule: one member of a group reads a partition at a time. A member holding the
+    same or a newer group epoch takes over from the one reading (whose subscription ends); one
+    holding an older epoch is refused."""
+
+    def __init__(self) -> None:
+        self._readers: dict[tuple[str, int, str], GroupReader] = {}
+
+    def take(self, stream: str, partition: int, group: str, consumer: str, epoch: int) -> GroupReader | None:
+        current = self._readers.get((stream, partition, group))
+        if current is not None and current.epoch > epoch:
+            return None
+        if current is not None:
+            current.displaced.set()
+        reader = self._readers[(stream, partition, group)] = GroupReader(consumer, epoch)
+        return reader
+
+    def release(self, stream: str, partition: int, group: str, reader: GroupReader) -> None:
+        if self._readers.get((stream, partition, group)) is reader:
+            del self._readers[(stream, partition, group)]
 
 
 class SubscribeRPCs:
     def __init__(self, cluster: Cluster, replicas: Replicas) -> None:
         self.cluster = cluster
         self.replicas = replicas
+        self.group_readers = GroupReaders()
 
     async def Subscribe(self, request, context):
-        replica, offset, last = await self._open(request, context)
-        yield api_pb2.Message()  # handshake: clients wait for it before reading
-        walk = MessageEncoder(request.stream, request.partition).walk
-        async for messages, sent in _committed(replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context):
-            yield Framed(messages)
-            if sent == last:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+        replica, offset, last, reader = await self._open(request, context)
+        try:
+            yield api_pb2.Message()  # handshake: clients wait for it before reading
+            walk = MessageEncoder(request.stream, request.partition).walk
+            displaced = reader.displaced if reader else None
+            async for messages, sent in _committed(
+                replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context, displaced,
+            ):
+                yield Framed(messages)
+                if sent == last:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+        finally:
+            if reader is not None:
+                self.group_readers.release(request.stream, request.partition, request.consumer.groupId, reader)
+
+    async def _group_reader(self, request, context) -> GroupReader | None:
+        """For a member of a consumer group, its place as the group's reader of the partition, or the
+        call aborted (Liftbridge's checks, in its words, then bascule's fencing); None for others."""
+        group_id, consumer = request.consumer.groupId, request.consumer.consumerId
+        if not group_id:
+            return None
+        if not consumer:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Consumer id cannot be empty when group id is provided"
+            )
+        meta = self.cluster.state.partition(request.stream, request.partition)
+        if meta is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+        leads = meta is not None and meta.leader == self.cluster.server_id
+        if request.readISRReplica and not leads:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Consumer groups not compatible with ReadISRReplica")
+        state = await self._group_state(group_id, request.consumer.groupEpoch)
+        problem = subscription_error(
+            state.groups.get(group_id), consumer, request.consumer.groupEpoch,
+            state.group_assignments(group_id).get(consumer, {}), request.stream, request.partition,
+        )
+        reader = None if problem else self.group_readers.take(
+            request.stream, request.partition, group_id, consumer, request.consumer.groupEpoch
+        )
+        if reader is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem or NOT_ASSIGNED)
+        return reader
+
+    async def _group_state(self, group_id: str, epoch: int) -> MetadataState:
+        """The metadata once it knows ``group_id`` at ``epoch`` or later, or as it is after a while."""
+        deadline = time.monotonic() + GROUP_CATCH_UP
+        while True:
+            state = self.cluster.state
+            group = state.groups.get(group_id)
+            if (group is not None and group.epoch >= epoch) or time.monotonic() >= deadline:
+                return state
+            await asyncio.sleep(GROUP_CATCH_UP_POLL)
 
     async def SubscribeBatches(self, request, context):
         if request.maxBytes > MAX_BATCH_BYTES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
             )
-        replica, offset, last = await self._open(as_subscribe_request(request), context)
+        replica, offset, last, _ = await self._open(as_subscribe_request(request), context)
         max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
         async for entries, sent in _committed(replica, offset, last, max_bytes, stored_prefix, context):
             yield data_pb2.EntryBatch(entries=entries)
             if sent == last:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop position reached")
 
-    async def _open(self, request, context) -> tuple[PartitionReplica, int, int | None]:
-        """The replica to read, the first offset and the last (None: follow until cancelled),
-        or the call aborted."""
+    async def _open(self, request, context) -> tuple[PartitionReplica, int, int | None, GroupReader | None]:
+        """The replica to read, the first offset and the last (None: follow until cancelled), and
+        for a member of a consumer group its place as the group's reader; or the call aborted."""
         meta = self.cluster.state.partition(request.stream, request.partition)
         if request.resume and meta is not None and meta.paused:  # Liftbridge's resume: wake it to read
             await metadata_call(context, self.cluster.call("resume", name=request.stream, partition=request.partition))
@@ -71,12 +157,12 @@ class SubscribeRPCs:
             last = positions.stop_offset(request, bounds, lambda time: log.offset_for_timestamp(time + 1) - 1)
             if last is not None and start > last:
                 raise positions.EndOfStream("Stop offset reached")  # nothing to send: end now, not wait
-            return replica, start, last
         except positions.PositionError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        raise AssertionError("unreachable: abort raises")
+        # Last, as Liftbridge does: a call refused for anything else displaces no reader.
+        return replica, start, last, await self._group_reader(request, context)
 
 
 async def _committed(
@@ -86,12 +172,14 @@ async def _committed(
     max_bytes: int,
     walk: EntryWalk,
     context: grpc.aio.ServicerContext,
+    displaced: asyncio.Event | None = None,
 ) -> AsyncIterator[tuple[bytes, int]]:
     """What ``walk`` makes of the committed entries from ``offset`` to ``last`` (None: on and
-    on, waiting for more), with the offset of the last entry in each, until the call ends."""
+    on, waiting for more), with the offset of the last entry in each, until the call ends (or
+    another member of the reader's consumer group takes the partition over: ``displaced``)."""
     replica.readers += 1
     try:
-        while True:
+        while displaced is None or not displaced.is_set():
             try:
                 made, count = replica.read_committed_through(offset, max_bytes, last, walk)
             except OffsetOutOfRange:
@@ -105,9 +193,22 @@ async def _committed(
                 yield made, offset - 1
                 continue
             await _end_of_data(replica, offset, context)
-            await replica.wait_for_data(IDLE_RECHECK)
+            await _idle(replica, displaced)
     finally:
         replica.readers -= 1
+
+
+async def _idle(replica: PartitionReplica, displaced: asyncio.Event | None) -> None:
+    """Until there may be more to read, or the reader is displaced."""
+    if displaced is None:
+        await replica.wait_for_data(IDLE_RECHECK)
+        return
+    waits = {asyncio.ensure_future(replica.wait_for_data(IDLE_RECHECK)), asyncio.ensure_future(displaced.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio.ServicerContext) -> None:

@@ -18,9 +18,10 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from bascule.metadata.election import Elect, Elections, PartitionView, Position
+from bascule.metadata.groups import CoordinatorReports, choose_coordinator
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
-from bascule.metadata.state import INVALID_ARGUMENT, NOT_FOUND, Partition
+from bascule.metadata.state import FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, Partition
 from bascule.natsio.sealed import SealedNats
 from bascule.wire import envelope
 from bascule.wire.commands import CommandError, validate_request
@@ -52,14 +53,17 @@ GatherPositions = Callable[[str, int, Collection[str]], Awaitable[dict[str, Posi
 class MetadataService:
     def __init__(
         self, raft: MetadataRaft, nc: SealedNats, subjects: Subjects, leader_timeout: float,
-        gather_positions: GatherPositions, clock: Callable[[], float] = time.monotonic,
+        gather_positions: GatherPositions, live_brokers: Callable[[], Collection[str]],
+        coordinator_timeout: float, clock: Callable[[], float] = time.monotonic,
     ):
         self.raft = raft
         self.nc = nc
         self.subjects = subjects
         self.clock = clock
         self._gather_positions = gather_positions
+        self._live_brokers = live_brokers
         self._elections = Elections(election_grace=leader_timeout, return_patience=leader_timeout)
+        self._coordinator_reports = CoordinatorReports(coordinator_timeout)
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.propagate, cb=self._on_propagated)
@@ -130,6 +134,10 @@ class MetadataService:
             await self._report_leader(**args)
         elif op == "leader_returned":
             await self._leader_returned(**args)
+        elif op == "join_consumer_group":
+            await self._join_consumer_group(**args)
+        elif op == "report_group_coordinator":
+            await self._report_group_coordinator(**args)
         else:
             await self.raft.propose(op, **args)
 
@@ -183,6 +191,48 @@ class MetadataService:
         log.info("%s/%s: leader %s returned (epoch %d), electing %s", stream, partition, leader, leader_epoch,
                  decision.leader)
         await self._propose_election(stream, partition, decision)
+
+    async def _join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> None:
+        """Liftbridge: the group's coordinator is chosen when a join creates it, here, so that
+        applying the join needs no view of which brokers are up."""
+        state = self.raft.state
+        existing = state.groups.get(group)
+        coordinator = existing.coordinator if existing else choose_coordinator(
+            state.groups.values(), set(self._live_brokers()) & set(state.brokers)
+        )
+        if coordinator is None:
+            raise MetadataError(FAILED_PRECONDITION, "No group coordinator candidates")
+        await self.raft.propose(
+            "join_consumer_group", group=group, consumer=consumer, streams=sorted(set(streams)),
+            coordinator=coordinator,
+        )
+
+    async def _report_group_coordinator(self, group: str, consumer: str, coordinator: str, epoch: int) -> None:
+        """Liftbridge's coordinator failover: once more than half of the members reported the current
+        coordinator (within the coordinator timeout of each other), another live broker takes it."""
+        found = self.raft.state.groups.get(group)
+        if found is None:
+            raise MetadataError(FAILED_PRECONDITION, f"No such consumer group {group}")
+        if (found.coordinator, found.epoch) != (coordinator, epoch):
+            raise MetadataError(
+                FAILED_PRECONDITION,
+                f"Coordinator generation mismatch, current coordinator: {found.coordinator} epoch: {found.epoch}, "
+                f"got coordinator: {coordinator} epoch: {epoch}",
+            )
+        if consumer not in found.members:
+            raise MetadataError(FAILED_PRECONDITION, f"Consumer {consumer} is not a member of consumer group {group}")
+        if not self._coordinator_reports.report(found, consumer, self.clock()):
+            return
+        state = self.raft.state
+        candidates = (set(self._live_brokers()) & set(state.brokers)) - {found.coordinator}
+        successor = choose_coordinator(state.groups.values(), candidates)
+        if successor is None:
+            raise MetadataError(FAILED_PRECONDITION, "No group coordinator candidates")
+        log.info("consumer group %s: coordinator %s reported failed (epoch %d), moving to %s",
+                 group, coordinator, epoch, successor)
+        await self.raft.propose(
+            "change_group_coordinator", group=group, coordinator=successor, previous=coordinator, epoch=epoch,
+        )
 
     def _view(self, stream: str, partition: int) -> PartitionView:
         view = _partition_view(self.raft.state.partition(stream, partition))

@@ -1,4 +1,4 @@
-"""The metadata state machine: brokers, streams and partitions.
+"""The metadata state machine: brokers, streams and partitions, and consumer groups.
 
 ``MetadataState.apply`` is the only way state changes. It is deterministic and does
 no I/O and reads no clock (timestamps travel inside commands), because pysyncobj
@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bascule.metadata import groups as group_rules
 from bascule.metadata.election import IsrChangeKind, validate_isr_change
+from bascule.metadata.groups import ConsumerGroup
 
 # Result codes, named as the gRPC status codes the API maps them to.
 NOT_FOUND = "NOT_FOUND"
@@ -77,11 +79,15 @@ class ActivityEvent:
     the changes were applied, so that the metadata leader publishes each at least once, in order."""
 
     id: int
-    op: str  # create_stream, delete_stream, pause, resume or set_readonly
-    stream: str
+    op: str  # create_stream, delete_stream, pause, resume, set_readonly, join_consumer_group, leave_consumer_group
+    stream: str = ""
     partitions: tuple[int, ...] = ()
     resume_all: bool = False
     readonly: bool = False
+    group: str = ""
+    consumer: str = ""
+    streams: tuple[str, ...] = ()
+    expired: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class MetadataState:
     activity: tuple[ActivityEvent, ...] = ()  # not yet published, oldest first
     activity_ids: int = 0  # events numbered so far
     activity_dropped: int = 0  # events dropped unpublished (MAX_PENDING_ACTIVITY)
+    groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
 
     def apply(self, command: dict[str, Any]) -> Change:
         """The state after ``command``, and its result; a refused command changes nothing but
@@ -121,6 +128,14 @@ class MetadataState:
                     counts[replica] = counts.get(replica, 0) + 1
         return counts
 
+    def group_assignments(self, group_id: str) -> dict[str, group_rules.Assignment]:
+        """Each member's partitions in ``group_id`` at its current epoch (none for an unknown group)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return {}
+        counts = {name: len(stream.partitions) for name, stream in self.streams.items()}
+        return group_rules.assignments(group, counts)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "version": self.version,
@@ -129,9 +144,15 @@ class MetadataState:
                 {**_stream_fields(s), "partitions": [_partition_fields(p) for p in s.partitions.values()]}
                 for s in self.streams.values()
             ],
-            "activity": [{**asdict(e), "partitions": list(e.partitions)} for e in self.activity],
+            "activity": [{**asdict(e), "partitions": list(e.partitions), "streams": list(e.streams)}
+                         for e in self.activity],
             "activity_ids": self.activity_ids,
             "activity_dropped": self.activity_dropped,
+            "groups": [
+                {"id": g.id, "coordinator": g.coordinator, "epoch": g.epoch,
+                 "members": [{"id": c, "streams": list(streams)} for c, streams in g.members.items()]}
+                for g in self.groups.values()
+            ],
         }
 
     @classmethod
@@ -145,10 +166,16 @@ class MetadataState:
             streams[s["name"]] = Stream(**{**s, "partitions": partitions})
         brokers = {b["id"]: Broker(**b) for b in snapshot["brokers"]}
         activity = tuple(  # absent from snapshots taken before the activity stream
-            ActivityEvent(**{**e, "partitions": tuple(e["partitions"])}) for e in snapshot.get("activity", ())
+            ActivityEvent(**{**e, "partitions": tuple(e["partitions"]), "streams": tuple(e.get("streams", ()))})
+            for e in snapshot.get("activity", ())
         )
+        groups = {  # absent from snapshots taken before consumer groups
+            g["id"]: ConsumerGroup(g["id"], g["coordinator"], g["epoch"],
+                                   {m["id"]: tuple(m["streams"]) for m in g["members"]})
+            for g in snapshot.get("groups", ())
+        }
         return cls(brokers, streams, snapshot["version"], activity, snapshot.get("activity_ids", 0),
-                   snapshot.get("activity_dropped", 0))
+                   snapshot.get("activity_dropped", 0), groups)
 
     # ---- rules -------------------------------------------------------------------------------
 
@@ -173,7 +200,8 @@ class MetadataState:
     def _delete_stream(self, c: dict[str, Any]) -> Change:
         if c["name"] not in self.streams:
             return self, (NOT_FOUND, "stream does not exist")
-        return replace(self, streams={k: s for k, s in self.streams.items() if k != c["name"]}), None
+        state = replace(self, streams={k: s for k, s in self.streams.items() if k != c["name"]})
+        return state._without_group_stream(c["name"]), None
 
     def _pause(self, c: dict[str, Any]) -> Change:
         found = self._select(c["name"], c["partitions"])
@@ -239,6 +267,47 @@ class MetadataState:
         changed = replace(p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1)
         return self._with_partitions(c["name"], [changed]), None
 
+    def _join_consumer_group(self, c: dict[str, Any]) -> Change:
+        """Liftbridge: a join creates the group when it does not exist (with the coordinator the
+        metadata leader chose); joining an existing group moves its epoch and rebalances. A new
+        group's epoch is the metadata version too, not Liftbridge's 0: a group deleted and created
+        again never repeats an epoch, so a reader of the old one cannot pass for a member of the new."""
+        missing = [s for s in c["streams"] if s not in self.streams]
+        if missing:
+            return self, (FAILED_PRECONDITION, "stream does not exist")
+        member = {c["consumer"]: tuple(sorted(c["streams"]))}
+        group = self.groups.get(c["group"])
+        if group is None:
+            return self._with_group(ConsumerGroup(c["group"], c["coordinator"], self._next_epoch(), member)), None
+        if c["consumer"] in group.members:
+            return self, (FAILED_PRECONDITION, group_rules.ALREADY_MEMBER)
+        return self._with_group(
+            replace(group, epoch=self._next_epoch(), members={**group.members, **member})
+        ), None
+
+    def _leave_consumer_group(self, c: dict[str, Any]) -> Change:
+        group = self.groups.get(c["group"])
+        if group is None:
+            return self, (NOT_FOUND, group_rules.GROUP_NOT_FOUND)
+        if c["consumer"] not in group.members:
+            return self, (FAILED_PRECONDITION, group_rules.NOT_MEMBER)
+        members = {k: v for k, v in group.members.items() if k != c["consumer"]}
+        if not members:  # Liftbridge deletes a group with its last member
+            return replace(self, groups={k: g for k, g in self.groups.items() if k != group.id}), None
+        return self._with_group(replace(group, epoch=self._next_epoch(), members=members)), None
+
+    def _change_group_coordinator(self, c: dict[str, Any]) -> Change:
+        """Conditional on the coordinator and epoch the metadata leader decided on, so a decision
+        taken on a group that changed meanwhile is refused, not applied to the new one."""
+        group = self.groups.get(c["group"])
+        if group is None:
+            return self, (NOT_FOUND, group_rules.GROUP_NOT_FOUND)
+        if (group.coordinator, group.epoch) != (c["previous"], c["epoch"]):
+            return self, (FAILED_PRECONDITION,
+                          f"Coordinator generation mismatch, current coordinator: {group.coordinator} "
+                          f"epoch: {group.epoch}, got coordinator: {c['previous']} epoch: {c['epoch']}")
+        return self._with_group(replace(group, coordinator=c["coordinator"], epoch=self._next_epoch())), None
+
     def _activity_published(self, c: dict[str, Any]) -> Change:
         return replace(self, activity=tuple(e for e in self.activity if e.id > c["id"])), None
 
@@ -246,19 +315,43 @@ class MetadataState:
 
     def _with_activity(self, c: dict[str, Any]) -> MetadataState:
         op = c["op"]
+        if op in ("join_consumer_group", "leave_consumer_group"):
+            return self._with_event(ActivityEvent(
+                self.activity_ids + 1, op, group=c["group"], consumer=c["consumer"],
+                streams=tuple(c.get("streams", ())), expired=c.get("expired", False),
+            ))
         if op == "create_stream":
             partitions: tuple[int, ...] = tuple(range(len(c["replicas"])))
         elif op == "resume":
             partitions = (c["partition"],)
         else:
             partitions = tuple(c.get("partitions", ()))
-        event = ActivityEvent(
+        return self._with_event(ActivityEvent(
             self.activity_ids + 1, op, c["name"], partitions, c.get("resume_all", False), c.get("readonly", False)
-        )
+        ))
+
+    def _with_event(self, event: ActivityEvent) -> MetadataState:
         pending = (*self.activity, event)
         dropped = max(0, len(pending) - MAX_PENDING_ACTIVITY)
         return replace(self, activity=pending[dropped:], activity_ids=event.id,
                        activity_dropped=self.activity_dropped + dropped)
+
+    def _next_epoch(self) -> int:
+        # The version this command makes: unique and increasing, the same on every node.
+        return self.version + 1
+
+    def _with_group(self, group: ConsumerGroup) -> MetadataState:
+        return replace(self, groups={**self.groups, group.id: group})
+
+    def _without_group_stream(self, stream: str) -> MetadataState:
+        """Liftbridge: a deleted stream leaves its groups' members (who stay members), and the
+        groups that had it move to a new epoch."""
+        changed = {
+            g.id: replace(g, epoch=self._next_epoch(),
+                          members={c: tuple(s for s in streams if s != stream) for c, streams in g.members.items()})
+            for g in self.groups.values() if any(stream in streams for streams in g.members.values())
+        }
+        return replace(self, groups={**self.groups, **changed}) if changed else self
 
     def _incarnation(self, broker: str) -> str:
         found = self.brokers.get(broker)
@@ -286,7 +379,9 @@ class MetadataState:
         return self._with_stream(replace(stream, partitions=partitions))
 
 
-_ACTIVITY_OPS = frozenset({"create_stream", "delete_stream", "pause", "resume", "set_readonly"})
+_ACTIVITY_OPS = frozenset({
+    "create_stream", "delete_stream", "pause", "resume", "set_readonly", "join_consumer_group", "leave_consumer_group",
+})
 
 
 def _stream_fields(stream: Stream) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Liftbridge's activity stream: on the metadata leader, every stream change the metadata applied
+"""Liftbridge's activity stream: on the metadata leader, every stream change (and every join and
+leave of a consumer group) the metadata applied
 is published to ``__activity`` (subject ``<namespace>.activity``) at least once, in the order the
 changes were applied.
 
@@ -90,6 +91,12 @@ def encode_event(event: ActivityEvent) -> api_pb2.ActivityStreamEvent:
         "set_readonly": (api_pb2.SET_STREAM_READONLY, "setStreamReadonlyOp",
                          api_pb2.SetStreamReadonlyOp(stream=event.stream, partitions=partitions,
                                                      readonly=event.readonly)),
+        "join_consumer_group": (api_pb2.JOIN_CONSUMER_GROUP, "joinConsumerGroupOp",
+                                api_pb2.JoinConsumerGroupOp(groupId=event.group, consumerId=event.consumer,
+                                                            streams=list(event.streams))),
+        "leave_consumer_group": (api_pb2.LEAVE_CONSUMER_GROUP, "leaveConsumerGroupOp",
+                                 api_pb2.LeaveConsumerGroupOp(groupId=event.group, consumerId=event.consumer,
+                                                              expired=event.expired)),
     }
     op, field, body = ops[event.op]
     return api_pb2.ActivityStreamEvent(id=event.id, op=op, **{field: body})

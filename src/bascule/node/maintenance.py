@@ -1,5 +1,6 @@
 """The node's periodic jobs over its replicas: HW checkpoints, retention, interval fsyncs, ISR
-changes the leaders ask for, and auto-pause of idle partitions. Disk work runs in threads."""
+changes the leaders ask for, and auto-pause of idle partitions; and the expiry of the silent
+members of the consumer groups it coordinates. Disk work runs in threads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from bascule.config import Config
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService
+from bascule.node.groups import GroupCoordinator
 from bascule.node.partitions import LocalPartition, Partitions
 from bascule.node.tasks import Tasks
 from bascule.partition.replica import PartitionReplica
@@ -21,14 +23,16 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_INTERVAL = 5.0
 AUTO_PAUSE_CHECK_INTERVAL = 1.0
+MAX_GROUP_LIVENESS_INTERVAL = 1.0
 
 
 class Maintenance:
     def __init__(
         self, config: Config, server_id: str, raft: MetadataRaft, metadata: MetadataService,
-        partitions: Partitions, tasks: Tasks,
+        partitions: Partitions, tasks: Tasks, groups: GroupCoordinator,
     ) -> None:
         self.config = config
+        self.groups = groups
         self.server_id = server_id
         self.raft = raft
         self.metadata = metadata
@@ -41,6 +45,8 @@ class Maintenance:
             (self.config.streams.cleaner_interval, self._enforce_retention),
             (self._isr_check_interval(), self._maintain_isrs),
             (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
+            # a member expires within a tenth of the timeout of its due time (a second at most)
+            (min(MAX_GROUP_LIVENESS_INTERVAL, self.config.groups.consumer_timeout / 10), self.groups.expire_idle),
         ]
         sync_interval = self.partitions.sync_policy.interval
         if sync_interval:

@@ -31,6 +31,7 @@ from bascule.node import identity
 from bascule.node.activity import ActivityPublisher
 from bascule.node.admin import ADMIN_TIMEOUT, AdminQueries
 from bascule.node.capture import CapturePath
+from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import hand_off_leaderships
 from bascule.node.maintenance import Maintenance
 from bascule.node.partitions import Partitions
@@ -47,6 +48,7 @@ REGISTRATION_WAIT = 10.0
 REGISTRATION_RETRY = 0.2
 STREAM_START_WAIT = 5.0
 STREAM_START_POLL = 0.02
+GROUP_APPLY_WAIT = 5.0
 
 
 class InsecureRaft(PermissionError):
@@ -79,6 +81,7 @@ class Node:
         self._partitions: Partitions | None = None
         self._publishing: PublishPath | None = None
         self._admin: AdminQueries | None = None
+        self._groups: GroupCoordinator | None = None
 
     # The parts, once started.
 
@@ -101,6 +104,11 @@ class Node:
     def admin(self) -> AdminQueries:
         assert self._admin is not None, "node not started"
         return self._admin
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        assert self._groups is not None, "node not started"
+        return self._groups
 
     @property
     def state(self) -> MetadataState:
@@ -192,6 +200,10 @@ class Node:
         )
         self._metadata = MetadataService(
             self._raft, internal, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
+            self.live_brokers, self.config.groups.coordinator_timeout,
+        )
+        self._groups = GroupCoordinator(
+            self.server_id, self.config.groups.consumer_timeout, lambda: self.state, self.call, self.tasks,
         )
         self._partitions = Partitions(
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
@@ -211,7 +223,9 @@ class Node:
         # without a metadata leader in sight, serve anyway and answer "no known metadata leader".
         if registration is not None:
             await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
-        Maintenance(self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks).start()
+        Maintenance(
+            self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks, self._groups,
+        ).start()
         if self.config.activity.enabled:
             activity = ActivityPublisher(
                 self.config.activity, clustering.namespace, self._raft, self.call, self._publishing
@@ -329,6 +343,26 @@ class Node:
             replication_factor=replication_factor, partitions=partitions or 1, settings=settings,
         )
         await self._wait_until_led(name)
+
+    @property
+    def group_timeouts(self) -> tuple[float, float]:
+        return self.config.groups.consumer_timeout, self.config.groups.coordinator_timeout
+
+    async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
+        """Join (creating the group if need be) through the metadata leader; the group's coordinator
+        and epoch once this node has applied the join."""
+        await self.call("join_consumer_group", group=group, consumer=consumer, streams=streams)
+        deadline = time.monotonic() + GROUP_APPLY_WAIT
+        while time.monotonic() < deadline:
+            found = self.state.groups.get(group)
+            if found is not None and consumer in found.members:
+                return found.coordinator, found.epoch
+            await asyncio.sleep(STREAM_START_POLL)
+        raise NoMetadataLeader(f"the join of consumer group {group} did not reach this node in time")
+
+    def fetch_group_assignments(self, group: str, consumer: str, epoch: int) -> tuple[int, dict[str, tuple[int, ...]]]:
+        """The consumer's partitions, from this node as the group's coordinator (``GroupCoordinator``)."""
+        return self.groups.assignments(group, consumer, epoch)
 
     async def _wait_until_led(self, stream: str) -> None:
         """Until each partition's leader has started it (its subject captured), so a publish right

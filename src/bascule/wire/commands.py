@@ -14,10 +14,13 @@ from typing import Any
 import msgpack
 
 from bascule.wire.names import (
+    MAX_GROUP_STREAMS,
     MAX_PARTITIONS,
     MAX_REPLICATION_FACTOR,
     RESERVED_STREAMS,
     broker_id_error,
+    consumer_group_id_error,
+    consumer_id_error,
     group_error,
     stream_name_error,
     subject_error,
@@ -82,6 +85,16 @@ _PARTITION = _integer(0, MAX_PARTITIONS - 1)
 _EPOCH = _integer(0, _MAX_INT64)
 _TIMESTAMP = _integer(0, _MAX_INT64)
 _ISR = _list_of(_BROKER, MAX_REPLICATION_FACTOR, distinct=True)
+_GROUP_ID = _string(consumer_group_id_error)
+_CONSUMER_ID = _string(consumer_id_error)
+
+
+def _group_streams(value: Any) -> str | None:
+    problem = _list_of(_NAME, MAX_GROUP_STREAMS, distinct=True)(value)
+    return problem if problem or value else "No streams provided"
+
+
+_GROUP_MEMBER = {"group": _GROUP_ID, "consumer": _CONSUMER_ID}
 _REPLICAS = _list_of(_list_of(_BROKER, MAX_REPLICATION_FACTOR, distinct=True), MAX_PARTITIONS)
 
 
@@ -116,6 +129,10 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "change_isr": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER, "add": _boolean,
                    "leader": _BROKER, "leader_epoch": _EPOCH},
     "activity_published": {"id": _integer(0, _MAX_INT64)},
+    # The coordinator is the metadata leader's choice, used when the join creates the group.
+    "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams, "coordinator": _BROKER},
+    "leave_consumer_group": {**_GROUP_MEMBER, "expired": _boolean},
+    "change_group_coordinator": {"group": _GROUP_ID, "coordinator": _BROKER, "previous": _BROKER, "epoch": _EPOCH},
 }
 
 
@@ -147,6 +164,8 @@ REQUESTS: dict[str, dict[str, Check]] = {
     "leader_returned": {
         "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, **_POSITION,
     },
+    "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams},
+    "report_group_coordinator": {**_GROUP_MEMBER, "coordinator": _BROKER, "epoch": _EPOCH},
 }
 
 

@@ -17,6 +17,8 @@ _SUBJECT_SPECIALS = frozenset(".*>")
 MAX_SUBJECT_LENGTH = 1024
 MAX_GROUP_LENGTH = 255
 MAX_BROKER_ID_LENGTH = 255
+MAX_CONSUMER_ID_LENGTH = 255  # consumer group and consumer ids
+MAX_GROUP_STREAMS = 1024  # streams one consumer of a group subscribes to
 MAX_PARTITIONS = 1024  # per stream: placement and every node's reconcile walk them all
 MAX_REPLICATION_FACTOR = 64
 
@@ -69,6 +71,27 @@ def group_error(group: str) -> str | None:
         return f"Group longer than {MAX_GROUP_LENGTH} characters"
     if group and not is_protocol_token(group):
         return f"Invalid group {group!r}: no whitespace or control characters"
+    return None
+
+
+def consumer_group_id_error(group_id: str) -> str | None:
+    """Why ``group_id`` cannot name a consumer group, or None."""
+    return _consumer_id_error(group_id, "groupId")
+
+
+def consumer_id_error(consumer_id: str) -> str | None:
+    """Why ``consumer_id`` cannot name a consumer of a group, or None."""
+    return _consumer_id_error(consumer_id, "consumerId")
+
+
+def _consumer_id_error(value: str, what: str) -> str | None:
+    if not value:
+        return f"No {what} provided"  # Liftbridge's words
+    # Kept in the metadata, logged and shown to clients: bounded, and no control characters.
+    if len(value) > MAX_CONSUMER_ID_LENGTH:
+        return f"{what} longer than {MAX_CONSUMER_ID_LENGTH} characters"
+    if not value.isprintable():
+        return f"Invalid {what} {value!r}: no control characters"
     return None
 
 
