@@ -470,7 +470,7 @@ async def test_idle_partitions_auto_pause_and_publishing_resumes_them(tmp_path):
             assert not (await client.fetch_metadata("sleepy")).streams["sleepy"].partitions[0].paused
 
 
-async def test_subscription_starting_past_its_stop_offset_ends_at_once(tmp_path):
+async def test_a_stop_before_the_start_ends_a_batch_read_at_once_and_is_invalid_for_subscribe(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:
             await client.wait_ready()
@@ -480,6 +480,21 @@ async def test_subscription_starting_past_its_stop_offset_ends_at_once(tmp_path)
             assert got == []
             latest = await collect_all(client.subscribe("past", start="latest", stop_latest=True))
             assert [m.offset for m in latest] == [2]
+        # Liftbridge's Subscribe refuses such a range, as gufo-liftbridge and go-liftbridge see it.
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            for stop in (
+                {"stopPosition": api_pb2.StopPosition.STOP_OFFSET, "stopOffset": 1},
+                {"stopPosition": api_pb2.StopPosition.STOP_LATEST},  # NEW_ONLY starts past the newest
+            ):
+                at_two = {"startPosition": api_pb2.StartPosition.OFFSET, "startOffset": 2}
+                start = at_two if "stopOffset" in stop else {}
+                request = api_pb2.SubscribeRequest(stream="past", **start, **stop)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async for _ in stub.Subscribe(request, timeout=5):
+                        pass
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert refused.value.details().startswith("Stop offset is before start offset: ")
 
 
 async def collect_all(iterator):

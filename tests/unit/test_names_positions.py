@@ -1,6 +1,6 @@
 import pytest
 
-from bascule.api.positions import EndOfStream, LogBounds, PositionError, start_offset, stop_offset
+from bascule.api.positions import EndOfStream, LogBounds, PositionError, check_range, start_offset, stop_offset
 from bascule.wire.names import partition_subject, stream_name_error, subject_error
 from bascule.wire.pb import api_pb2
 
@@ -94,3 +94,10 @@ def test_one_rule_keeps_names_out_of_nats_protocol_lines(bad):
 
     assert not is_protocol_token(bad)
     assert subject_error(bad) and group_error(bad) and broker_id_error(bad)
+
+
+def test_a_stop_before_the_start_is_invalid_and_following_or_one_entry_is_not():
+    check_range(5, None)
+    check_range(5, 5)
+    with pytest.raises(PositionError, match="Stop offset is before start offset: 4 < 5"):
+        check_range(5, 4)

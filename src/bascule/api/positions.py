@@ -68,3 +68,10 @@ def stop_offset(
             raise EndOfStream("Stop timestamp is before the beginning of the log")
         return last
     raise PositionError(f"Unknown StopPosition {position}")
+
+
+def check_range(start: int, last: int | None) -> None:
+    """Liftbridge refuses a subscription whose stop offset lies before its start offset (a stop
+    resolved from STOP_LATEST or STOP_TIMESTAMP included), as an invalid argument."""
+    if last is not None and last < start:
+        raise PositionError(f"Stop offset is before start offset: {last} < {start}")

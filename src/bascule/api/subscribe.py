@@ -75,7 +75,7 @@ class SubscribeRPCs:
         self.group_readers = GroupReaders()
 
     async def Subscribe(self, request, context):
-        replica, offset, last, reader = await self._open(request, context)
+        replica, offset, last, reader = await self._open(request, context, empty_range_is_invalid=True)
         try:
             yield api_pb2.Message()  # handshake: clients wait for it before reading
             walk = MessageEncoder(request.stream, request.partition).walk
@@ -133,16 +133,21 @@ class SubscribeRPCs:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
             )
-        replica, offset, last, _ = await self._open(as_subscribe_request(request), context)
+        subscribe = as_subscribe_request(request)
+        replica, offset, last, _ = await self._open(subscribe, context, empty_range_is_invalid=False)
         max_bytes = request.maxBytes if request.maxBytes > 0 else BATCH_BYTES
         async for entries, sent in _committed(replica, offset, last, max_bytes, stored_prefix, context):
             yield data_pb2.EntryBatch(entries=entries)
             if sent == last:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop position reached")
 
-    async def _open(self, request, context) -> tuple[PartitionReplica, int, int | None, GroupReader | None]:
+    async def _open(
+        self, request, context, empty_range_is_invalid: bool,
+    ) -> tuple[PartitionReplica, int, int | None, GroupReader | None]:
         """The replica to read, the first offset and the last (None: follow until cancelled), and
-        for a member of a consumer group its place as the group's reader; or the call aborted."""
+        for a member of a consumer group its place as the group's reader; or the call aborted.
+        A stop before the start is Liftbridge's invalid argument; bascule's own batches (its client
+        and the Spark source ask for ranges that may be empty) end at once instead."""
         meta = self.cluster.state.partition(request.stream, request.partition)
         if request.resume and meta is not None and meta.paused:  # Liftbridge's resume: wake it to read
             await metadata_call(context, self.cluster.call("resume", name=request.stream, partition=request.partition))
@@ -155,8 +160,10 @@ class SubscribeRPCs:
         try:
             start = positions.start_offset(request, bounds, log.offset_for_timestamp)
             last = positions.stop_offset(request, bounds, lambda time: log.offset_for_timestamp(time + 1) - 1)
-            if last is not None and start > last:
-                raise positions.EndOfStream("Stop offset reached")  # nothing to send: end now, not wait
+            if empty_range_is_invalid:
+                positions.check_range(start, last)
+            elif last is not None and start > last:
+                raise positions.EndOfStream("Stop position reached")
         except positions.PositionError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:
