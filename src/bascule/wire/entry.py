@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
+try:
+    from bascule.wire import _walk as native
+except ImportError:  # installed without a C compiler: the Python loops below do the work
+    native = None
+
 ENTRY_HEADER = struct.Struct(">qqQII")
 HEADER_SIZE = ENTRY_HEADER.size
 CRC_POSITION = 28
@@ -211,7 +216,17 @@ def intact_prefix(
     """(length, count, error) of the whole, intact entries at the start of ``buf`` that continue
     from ``first_offset``, at most ``max_entries``; ``error`` says why they stop before the end
     of ``buf`` (a torn or damaged entry, or one out of sequence), None otherwise. What ``scan``
-    does, in one loop without a generator: the log runs it on every read."""
+    does, in one loop without a generator: the log runs it on every read (in C when built)."""
+    if native is None:
+        return intact_prefix_python(buf, first_offset, max_entries, check_crc)
+    length, count, stopped = native.intact_prefix(buf, first_offset, max_entries, check_crc)
+    return length, count, entry_error(buf, length, first_offset + count) if stopped else None
+
+
+def intact_prefix_python(
+    buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
+) -> tuple[int, int, CorruptEntry | None]:
+    """``intact_prefix`` as a Python loop: the C module's reference, and its stand-in."""
     unpack, size, position, count, expected = ENTRY_HEADER.unpack_from, len(buf), 0, 0, first_offset
     while position < size and count < max_entries:
         if size - position < HEADER_SIZE:

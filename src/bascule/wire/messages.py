@@ -24,6 +24,7 @@ from bascule.wire.entry import (
     CorruptEntry,
     decode_header_block,
     entry_error,
+    native,
 )
 
 # Field tags: (field number << 3) | wire type (0 varint, 2 length-delimited).
@@ -80,7 +81,28 @@ class MessageEncoder:
         """(length, count, error, framed): the whole, intact entries at the start of the stored
         ``chunk`` that continue from ``first_offset``, at most ``max_entries``, as
         ``intact_prefix`` finds them, and their framed Messages. A log reads through it
-        (``CommitLog.read_through``): one walk that checks and encodes each entry."""
+        (``CommitLog.read_through``): one walk that checks and encodes each entry, in C when
+        built; the C loop stops before any entry it does not pass, and this one says why."""
+        if native is None:
+            return self.walk_python(chunk, first_offset, max_entries, check_crc)
+        length, count, stopped, framed = native.encode_messages(
+            chunk, first_offset, max_entries, check_crc, self._shared_fields_of
+        )
+        if not stopped:
+            return length, count, None, framed
+        end, more_count, error, more_framed = self.walk_python(
+            chunk, first_offset + count, max_entries - count, check_crc, start=length
+        )
+        return end, count + more_count, error, framed + more_framed
+
+    def _shared_fields_of(self, block: bytes, offset: int) -> bytes:
+        return self._shared_fields.get(block) or self._encode_shared_fields(block, offset)
+
+    def walk_python(
+        self, chunk: bytes, first_offset: int, max_entries: int, check_crc: bool = True, start: int = 0
+    ) -> tuple[int, int, CorruptEntry | None, bytes]:
+        """``walk`` as a Python loop, from byte ``start`` of ``chunk``: the C module's reference,
+        and its stand-in."""
         # Per entry, as few Python operations as the format allows: this loop is Subscribe's cost.
         # Each Message goes out as pieces for one join (no concatenation per entry): the gRPC prefix,
         # the offset field, the value's tag and length, the value, and the fields shared with
@@ -92,7 +114,7 @@ class MessageEncoder:
         shared_fields, prefixes, value_heads, low7 = self._shared_fields, _PREFIXES, _VALUE_HEADS, _OFFSET_LOW_7_BITS
         last_block, tail = None, b""
         last_timestamp, time_field, shared = None, b"", b""
-        size, position, expected, stop = len(chunk), 0, first_offset, first_offset + max_entries
+        size, position, expected, stop = len(chunk), start, first_offset, first_offset + max_entries
         high, rest = -1, b""  # the offset past its low 7 bits, and those bits' varint
         error = None
         while position < size and expected < stop:

@@ -1,0 +1,352 @@
+/* The per-entry loops of reading stored entries (bascule.wire.entry.intact_prefix and
+ * bascule.wire.messages.MessageEncoder.walk) in C: at a Python loop's ~1.3 us per entry they were
+ * Subscribe's whole server cost. Same rules, same bytes out (tests hold them to the Python loops).
+ *
+ * Each function stops *before* the first entry it would not pass whole (torn, out of sequence,
+ * bad CRC, bad lengths) and says so; the Python side then says why, in its own words, so the
+ * rules for reporting damage live in one place.
+ *
+ * Entry layout (big-endian; bascule/wire/entry.py is the reference):
+ *   0 offset int64, 8 timestamp int64, 16 leader epoch uint64, 24 body size uint32,
+ *   28 CRC-32C uint32 over bytes 0-27 and the body, 32 body: key length int32 (-1 none), key,
+ *   value length uint32, value, header block (uint16 count, ...).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER_SIZE 32
+#define CRC_POSITION 28
+#define EMPTY_BODY_SIZE 10
+
+/* ---- CRC-32C (Castagnoli), as the crc32c package computes it ------------------------------ */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init_table(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t crc = n;
+        for (int k = 0; k < 8; k++)
+            crc = crc & 1 ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+        crc_table[0][n] = crc;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][n] = (crc_table[t - 1][n] >> 8) ^ crc_table[0][crc_table[t - 1][n] & 0xFF];
+}
+
+/* Slicing-by-8 over the raw (not inverted) state. */
+static uint32_t crc_software(uint32_t crc, const unsigned char *p, size_t n) {
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        word ^= crc; /* little-endian hosts only: see crc_update */
+        crc = crc_table[7][word & 0xFF] ^ crc_table[6][(word >> 8) & 0xFF] ^ crc_table[5][(word >> 16) & 0xFF]
+            ^ crc_table[4][(word >> 24) & 0xFF] ^ crc_table[3][(word >> 32) & 0xFF]
+            ^ crc_table[2][(word >> 40) & 0xFF] ^ crc_table[1][(word >> 48) & 0xFF] ^ crc_table[0][word >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+    return crc;
+}
+
+static uint32_t crc_bytewise(uint32_t crc, const unsigned char *p, size_t n) {
+    while (n--)
+        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+    return crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_SSE42_PATH 1
+__attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t state = crc;
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        state = __builtin_ia32_crc32di(state, word);
+        p += 8;
+        n -= 8;
+    }
+    crc = (uint32_t)state;
+    while (n--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+#endif
+
+static int use_sse42 = 0;
+static int little_endian = 1;
+
+static inline uint32_t crc_update(uint32_t crc, const unsigned char *p, size_t n) {
+#ifdef HAVE_SSE42_PATH
+    if (use_sse42)
+        return crc_sse42(crc, p, n);
+#endif
+    return little_endian ? crc_software(crc, p, n) : crc_bytewise(crc, p, n);
+}
+
+/* The CRC an entry stores: over its header before the CRC field, then its body. */
+static inline uint32_t entry_crc(const unsigned char *entry, size_t body_size) {
+    uint32_t crc = crc_update(0xFFFFFFFFu, entry, CRC_POSITION);
+    return ~crc_update(crc, entry + HEADER_SIZE, body_size);
+}
+
+/* ---- big-endian reads and varints ---------------------------------------------------------- */
+
+static inline uint64_t be64(const unsigned char *p) {
+    return ((uint64_t)p[0] << 56) | ((uint64_t)p[1] << 48) | ((uint64_t)p[2] << 40) | ((uint64_t)p[3] << 32)
+         | ((uint64_t)p[4] << 24) | ((uint64_t)p[5] << 16) | ((uint64_t)p[6] << 8) | (uint64_t)p[7];
+}
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline size_t varint_size(uint64_t n) {
+    size_t size = 1;
+    while (n >= 128) {
+        n >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline unsigned char *put_varint(unsigned char *out, uint64_t n) {
+    while (n >= 128) {
+        *out++ = (unsigned char)((n & 0x7F) | 0x80);
+        n >>= 7;
+    }
+    *out++ = (unsigned char)n;
+    return out;
+}
+
+/* One whole, intact entry at `p` (with `left` bytes from it), numbered `expected`: its size, or 0. */
+static inline size_t whole_entry(const unsigned char *p, size_t left, int64_t expected, int check_crc) {
+    if (left < HEADER_SIZE)
+        return 0;
+    uint64_t body_size = be32(p + 24);
+    if ((int64_t)be64(p) != expected || HEADER_SIZE + body_size > left || body_size < EMPTY_BODY_SIZE)
+        return 0;
+    if (check_crc && entry_crc(p, (size_t)body_size) != be32(p + CRC_POSITION))
+        return 0;
+    return HEADER_SIZE + (size_t)body_size;
+}
+
+/* intact_prefix(buf, first_offset, max_entries, check_crc) -> (length, count, stopped) */
+static PyObject *intact_prefix(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    long long first_offset;
+    Py_ssize_t max_entries;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "y*Lnp", &buf, &first_offset, &max_entries, &check_crc))
+        return NULL;
+    const unsigned char *data = buf.buf;
+    size_t size = (size_t)buf.len, position = 0;
+    Py_ssize_t count = 0;
+    int stopped = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (position < size && count < max_entries) {
+        size_t entry_size = whole_entry(data + position, size - position, first_offset + count, check_crc);
+        if (!entry_size) {
+            stopped = 1;
+            break;
+        }
+        position += entry_size;
+        count++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("nnO", (Py_ssize_t)position, count, stopped ? Py_True : Py_False);
+}
+
+/* ---- Subscribe's Messages ------------------------------------------------------------------ */
+
+typedef struct {
+    unsigned char *data;
+    size_t size, capacity;
+} Output;
+
+static int reserve(Output *out, size_t more) {
+    if (out->size + more <= out->capacity)
+        return 0;
+    size_t capacity = out->capacity ? out->capacity : 4096;
+    while (capacity < out->size + more)
+        capacity *= 2;
+    unsigned char *data = PyMem_Realloc(out->data, capacity);
+    if (!data) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    out->data = data;
+    out->capacity = capacity;
+    return 0;
+}
+
+/* encode_messages(chunk, first_offset, max_entries, check_crc, shared_for)
+ *   -> (length, count, stopped, framed)
+ * framed: each entry's Liftbridge Message with its gRPC prefix, fields in the order
+ * MessageEncoder.walk writes them: key (when not empty), offset, value, timestamp, then the
+ * fields shared with neighbours, which shared_for(header_block, offset) returns as bytes. */
+static PyObject *encode_messages(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    long long first_offset;
+    Py_ssize_t max_entries;
+    int check_crc;
+    PyObject *shared_for;
+    if (!PyArg_ParseTuple(args, "y*LnpO", &buf, &first_offset, &max_entries, &check_crc, &shared_for))
+        return NULL;
+    const unsigned char *data = buf.buf;
+    size_t size = (size_t)buf.len, position = 0;
+    Py_ssize_t count = 0;
+    int stopped = 0;
+    Output out = {NULL, 0, 0};
+    PyObject *shared = NULL; /* bytes: the fields of the last header block seen */
+    const unsigned char *last_block = NULL;
+    size_t last_block_size = 0;
+
+    while (position < size && count < max_entries) {
+        const unsigned char *entry = data + position;
+        int64_t offset = first_offset + count;
+        size_t entry_size = whole_entry(entry, size - position, offset, check_crc);
+        if (!entry_size) {
+            stopped = 1;
+            break;
+        }
+        const unsigned char *body = entry + HEADER_SIZE, *end = entry + entry_size;
+        size_t body_size = entry_size - HEADER_SIZE;
+        int32_t key_length = (int32_t)be32(body);
+        const unsigned char *key = NULL, *value;
+        uint64_t value_length;
+        if (key_length == -1) {
+            value_length = be32(body + 4);
+            value = body + 8;
+        } else if (key_length >= 0 && (size_t)key_length <= body_size - EMPTY_BODY_SIZE) {
+            key = body + 4;
+            value_length = be32(body + 4 + key_length);
+            value = body + 8 + key_length;
+        } else {
+            stopped = 1;
+            break;
+        }
+        if ((uint64_t)(end - value) < value_length + 2) { /* the header block's count at least */
+            stopped = 1;
+            break;
+        }
+        const unsigned char *block = value + value_length;
+        size_t block_size = (size_t)(end - block);
+        if (!shared || block_size != last_block_size || memcmp(block, last_block, block_size) != 0) {
+            PyObject *fields = PyObject_CallFunction(shared_for, "y#L", (const char *)block,
+                                                     (Py_ssize_t)block_size, (long long)offset);
+            if (!fields)
+                goto fail;
+            if (!PyBytes_Check(fields)) {
+                Py_DECREF(fields);
+                PyErr_SetString(PyExc_TypeError, "shared_for must return bytes");
+                goto fail;
+            }
+            Py_XSETREF(shared, fields);
+            last_block = block;
+            last_block_size = block_size;
+        }
+        uint64_t timestamp = be64(entry + 8); /* an int64: negative ones as protobuf's 10-byte varint */
+        size_t key_field = key && key_length > 0 ? 1 + varint_size((uint64_t)key_length) + (size_t)key_length : 0;
+        size_t shared_size = (size_t)PyBytes_GET_SIZE(shared);
+        size_t length = key_field + 1 + varint_size((uint64_t)offset) + 1 + varint_size(value_length)
+                      + (size_t)value_length + 1 + varint_size(timestamp) + shared_size;
+        if (length > 0xFFFFFFFFu) {
+            stopped = 1; /* beyond a gRPC message's length prefix: let the Python side say so */
+            break;
+        }
+        if (reserve(&out, 5 + length) < 0)
+            goto fail;
+        unsigned char *w = out.data + out.size;
+        *w++ = 0;
+        *w++ = (unsigned char)(length >> 24);
+        *w++ = (unsigned char)(length >> 16);
+        *w++ = (unsigned char)(length >> 8);
+        *w++ = (unsigned char)length;
+        if (key_field) {
+            *w++ = 0x12;
+            w = put_varint(w, (uint64_t)key_length);
+            memcpy(w, key, (size_t)key_length);
+            w += key_length;
+        }
+        *w++ = 0x08;
+        w = put_varint(w, (uint64_t)offset);
+        *w++ = 0x1a;
+        w = put_varint(w, value_length);
+        memcpy(w, value, (size_t)value_length);
+        w += value_length;
+        *w++ = 0x20;
+        w = put_varint(w, timestamp);
+        memcpy(w, PyBytes_AS_STRING(shared), shared_size);
+        w += shared_size;
+        out.size = (size_t)(w - out.data);
+        position += entry_size;
+        count++;
+    }
+    PyObject *framed = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.size);
+    PyMem_Free(out.data);
+    Py_XDECREF(shared);
+    PyBuffer_Release(&buf);
+    if (!framed)
+        return NULL;
+    return Py_BuildValue("nnON", (Py_ssize_t)position, count, stopped ? Py_True : Py_False, framed);
+
+fail:
+    PyMem_Free(out.data);
+    Py_XDECREF(shared);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+/* crc32c(data, value=0): the crc32c package's function, for the tests that hold this one to it. */
+static PyObject *crc32c(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &buf, &value))
+        return NULL;
+    uint32_t crc = ~crc_update(~(uint32_t)value, buf.buf, (size_t)buf.len);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *uses_sse42(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(use_sse42);
+}
+
+/* use_sse42(on) -> whether it was on: so the tests check the table path on machines with SSE 4.2. */
+static PyObject *set_sse42(PyObject *self, PyObject *args) {
+    int on, was = use_sse42;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+#ifdef HAVE_SSE42_PATH
+    use_sse42 = on && __builtin_cpu_supports("sse4.2");
+#endif
+    return PyBool_FromLong(was);
+}
+
+static PyMethodDef methods[] = {
+    {"intact_prefix", intact_prefix, METH_VARARGS, "(length, count, stopped) of the whole, intact entries."},
+    {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
+    {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
+    {"uses_sse42", uses_sse42, METH_NOARGS, "Whether the CRC runs on SSE 4.2's instruction."},
+    {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "bascule.wire._walk", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__walk(void) {
+    uint16_t probe = 1;
+    little_endian = *(unsigned char *)&probe == 1;
+    crc_init_table();
+#ifdef HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    use_sse42 = __builtin_cpu_supports("sse4.2");
+#endif
+    return PyModule_Create(&module);
+}

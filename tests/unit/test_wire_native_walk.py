@@ -1,0 +1,107 @@
+"""The C loops of bascule.wire._walk against the Python loops they stand in for: the same
+lengths, counts, errors and bytes, for intact, damaged, torn and out-of-sequence entries, with
+the CRC on SSE 4.2's instruction and on tables."""
+
+import struct
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bascule.wire import entry
+from bascule.wire.entry import Record, encode_entries, intact_prefix, intact_prefix_python
+from bascule.wire.messages import MessageEncoder
+
+native = entry.native
+pytestmark = pytest.mark.skipif(native is None, reason="bascule.wire._walk was not built (no C compiler)")
+
+
+@pytest.fixture(params=["sse42", "tables"])
+def crc_path(request):
+    was = native.use_sse42(request.param == "sse42")
+    yield request.param
+    native.use_sse42(was)
+
+
+records = st.builds(
+    Record,
+    value=st.binary(max_size=300) | st.sampled_from([b"x" * 16_383, b"y" * 16_384]),
+    key=st.none() | st.binary(max_size=20),
+    headers=st.dictionaries(st.sampled_from(["subject", "reply", "h"]), st.binary(max_size=10), max_size=3),
+    timestamp=st.integers(-(2**63), 2**63 - 1),
+)
+chunks = st.tuples(
+    st.lists(records, min_size=1, max_size=6),
+    st.integers(0, 2**62) | st.integers(0, 300),
+    st.tuples(st.integers(0, 100_000), st.integers(1, 255)) | st.none(),  # a flipped byte
+    st.integers(0, 100_000) | st.none(),  # a cut
+)
+
+
+def damaged(batch, first_offset, damage, cut) -> bytes:
+    buf = bytearray(encode_entries(first_offset, 3, batch, 1)[0])
+    if damage is not None:
+        buf[damage[0] % len(buf)] ^= damage[1]
+    if cut is not None:
+        del buf[cut % (len(buf) + 1):]
+    return bytes(buf)
+
+
+def same_error(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and str(a) == str(b))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunk=chunks, max_entries=st.integers(0, 8), check_crc=st.booleans(), shift=st.sampled_from([0, 1]))
+def test_intact_prefix_in_c_is_the_python_loop(crc_path, chunk, max_entries, check_crc, shift):
+    batch, first_offset, damage, cut = chunk
+    buf = damaged(batch, first_offset, damage, cut)
+    c_length, c_count, c_error = intact_prefix(buf, first_offset + shift, max_entries, check_crc)
+    length, count, error = intact_prefix_python(buf, first_offset + shift, max_entries, check_crc)
+    assert (c_length, c_count) == (length, count)
+    assert same_error(c_error, error)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunk=chunks, max_entries=st.integers(0, 8), check_crc=st.booleans(), shift=st.sampled_from([0, 1]))
+def test_the_messages_walk_in_c_is_the_python_loop_byte_for_byte(crc_path, chunk, max_entries, check_crc, shift):
+    batch, first_offset, damage, cut = chunk
+    buf = damaged(batch, first_offset, damage, cut)
+    try:
+        c_walk = MessageEncoder("s", 3).walk(buf, first_offset + shift, max_entries, check_crc)
+    except entry.CorruptEntry as exc:  # a damaged header block, found as it is encoded
+        with pytest.raises(entry.CorruptEntry, match=str(exc)):
+            MessageEncoder("s", 3).walk_python(buf, first_offset + shift, max_entries, check_crc)
+        return
+    python_walk = MessageEncoder("s", 3).walk_python(buf, first_offset + shift, max_entries, check_crc)
+    assert (c_walk[0], c_walk[1], c_walk[3]) == (python_walk[0], python_walk[1], python_walk[3])
+    assert same_error(c_walk[2], python_walk[2])
+
+
+def test_lengths_that_overrun_the_body_stop_the_c_loop_and_python_says_why():
+    data, _ = encode_entries(0, 1, [Record(value=b"v"), Record(value=b"abc", key=b"k")], 1)
+    second = len(encode_entries(0, 1, [Record(value=b"v")], 1)[0])
+    body = second + 32
+    bad = data[:body] + struct.pack(">i", 1000) + data[body + 4:]
+    length, count, error, framed = MessageEncoder("s", 0).walk(bad, 0, 2, check_crc=False)
+    assert (length, count) == (second, 1)
+    assert "bad key length 1000" in str(error)
+    assert framed == MessageEncoder("s", 0).walk_python(data, 0, 1)[3]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=200), value=st.integers(0, 2**32 - 1))
+def test_the_crc_is_crc32c(crc_path, data, value):
+    assert native.crc32c(data, value) == crc32c.crc32c(data, value)
+
+
+def test_garbage_never_crashes_the_c_loops():
+    for garbage in (b"", b"\x00" * 31, b"\xff" * 64, bytes(range(256)) * 4, b"\x00" * 28 + b"\xff" * 40):
+        for check_crc in (True, False):
+            length, count, _ = intact_prefix(garbage, 0, 10, check_crc)
+            assert (length, count) == intact_prefix_python(garbage, 0, 10, check_crc)[:2]
+            try:
+                MessageEncoder("s", 0).walk(garbage, 0, 10, check_crc)
+            except entry.CorruptEntry:
+                pass
