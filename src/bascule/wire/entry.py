@@ -27,7 +27,7 @@ from crc32c import crc32c
 try:
     from bascule.wire import _walk as native
 except ImportError:  # installed without a C compiler: the Python loops below do the work
-    native = None
+    native = None  # type: ignore[assignment]
 
 ENTRY_HEADER = struct.Struct(">qqQII")
 HEADER_SIZE = ENTRY_HEADER.size
