@@ -182,6 +182,18 @@ async def test_pause_and_readonly(tmp_path):
             ack = await client.publish("pz", b"resumes")
             assert ack.offset == 0
             assert not (await client.fetch_metadata("pz")).streams["pz"].partitions[0].paused
+        # Liftbridge's event times, as its clients read them from the partition's metadata
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            ro, pz = [
+                (await stub.FetchPartitionMetadata(
+                    api_pb2.FetchPartitionMetadataRequest(stream=name, partition=0), timeout=5)).metadata
+                for name in ("ro", "pz")
+            ]
+        assert 0 < ro.messagesReceivedTimestamps.firstTimestamp <= ro.readonlyTimestamps.firstTimestamp
+        assert (ro.pauseTimestamps.firstTimestamp, pz.readonlyTimestamps.firstTimestamp) == (0, 0)
+        assert 0 < pz.pauseTimestamps.firstTimestamp < pz.pauseTimestamps.latestTimestamp  # paused, resumed
+        assert pz.pauseTimestamps.latestTimestamp <= pz.messagesReceivedTimestamps.latestTimestamp
 
 
 async def test_publish_async_answers_every_request_in_its_own_way(tmp_path):

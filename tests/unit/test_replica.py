@@ -319,3 +319,16 @@ async def test_a_follower_cuts_its_log_at_its_damage_and_grows_past_it_again(tmp
         assert replica.position() == (1, 10)
     finally:
         replica.close()
+
+
+async def test_flag_changes_after_opening_are_event_times_and_the_opening_state_is_not(tmp_path):
+    replica = leader(tmp_path, SyncPolicy())
+    replica.set_flags(paused=True, readonly=False)  # the state it opened in
+    assert (replica.pause_changes.first, replica.readonly_changes.first) == (0, 0)
+    replica.set_flags(paused=False, readonly=True)
+    replica.set_flags(paused=False, readonly=True)  # no change: no event
+    first_pause, readonly = replica.pause_changes.first, replica.readonly_changes.first
+    assert first_pause > 0 and readonly > 0
+    replica.set_flags(paused=True, readonly=True)
+    assert replica.pause_changes.first == first_pause < replica.pause_changes.latest
+    assert replica.readonly_changes.latest == readonly

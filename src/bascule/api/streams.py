@@ -86,13 +86,22 @@ class StreamRPCs:
     def _partition_metadata(self, partition: Partition) -> api_pb2.PartitionMetadata:
         local = self.replicas.get(partition.stream, partition.id)
         hw, newest = -1, -1
-        if local is not None and not local.replica.closed:
-            hw, newest = local.replica.high_watermark, local.replica.log.newest_offset
-        return api_pb2.PartitionMetadata(
+        metadata = api_pb2.PartitionMetadata(
             id=partition.id, leader=partition.leader, replicas=partition.replicas,
-            isr=partition.isr, highWatermark=hw, newestOffset=newest,
-            paused=partition.paused, readonly=partition.readonly,
+            isr=partition.isr, paused=partition.paused, readonly=partition.readonly,
         )
+        if local is not None and not local.replica.closed:
+            replica = local.replica
+            hw, newest = replica.high_watermark, replica.log.newest_offset
+            # Liftbridge's event times: this node's own, since the replica opened here
+            for field, times in (("messagesReceivedTimestamps", replica.received),
+                                 ("pauseTimestamps", replica.pause_changes),
+                                 ("readonlyTimestamps", replica.readonly_changes)):
+                getattr(metadata, field).CopyFrom(
+                    api_pb2.PartitionEventTimestamps(firstTimestamp=times.first, latestTimestamp=times.latest)
+                )
+        metadata.highWatermark, metadata.newestOffset = hw, newest
+        return metadata
 
     async def FetchPartitionMetadata(self, request, context):
         await readable_partition(self.cluster, self.replicas, request.stream, request.partition, context)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +21,19 @@ from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
 from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, record_error, stored_prefix
+
+
+@dataclass
+class EventTimes:
+    """Liftbridge's partition event timestamps: the first and latest time (ns since the epoch, 0:
+    never) something happened to this replica since it opened, as FetchPartitionMetadata shows."""
+
+    first: int = 0
+    latest: int = 0
+
+    def happened(self) -> None:
+        self.latest = time.time_ns()
+        self.first = self.first or self.latest
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +95,8 @@ class PartitionReplica:
         self.readonly = False
         self.last_activity = clock()  # last append or leadership change, for auto-pause
         self.readers = 0  # open subscriptions, for auto-pause's "not while subscribed"
+        self.received, self.pause_changes, self.readonly_changes = EventTimes(), EventTimes(), EventTimes()
+        self._flags_known = False  # the first flags are the state it opened in, not a change
         self._notify_followers = notify_followers
         self._pending: list[Record] = []
         self._pending_outcomes: list[tuple[int, Outcome]] = []  # (index of a group's first record, outcome)
@@ -189,6 +205,12 @@ class PartitionReplica:
         self._wake_readers()
 
     def set_flags(self, paused: bool, readonly: bool) -> None:
+        if self._flags_known:
+            if paused != self.paused:
+                self.pause_changes.happened()
+            if readonly != self.readonly:
+                self.readonly_changes.happened()
+        self._flags_known = True
         if (paused, readonly) != (self.paused, self.readonly):
             self.paused, self.readonly = paused, readonly
             self._wake_readers()
@@ -244,6 +266,7 @@ class PartitionReplica:
                 on_written(None, exc)
             return
         self.last_activity = self.clock()
+        self.received.happened()
         written = [(first + index, on_written) for index, on_written in outcomes]
         if self.sync_policy.always:
             self._awaiting_sync += written
