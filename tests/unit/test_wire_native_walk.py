@@ -105,3 +105,16 @@ def test_garbage_never_crashes_the_c_loops():
                 MessageEncoder("s", 0).walk(garbage, 0, 10, check_crc)
             except entry.CorruptEntry:
                 pass
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunk=chunks, check_crc=st.booleans(), view=st.booleans())
+def test_walked_entries_in_c_are_what_scan_yields_up_to_the_first_bad_entry(crc_path, chunk, check_crc, view):
+    batch, first_offset, damage, cut = chunk
+    buf = damaged(batch, first_offset, damage, cut)
+    scanned = []
+    try:
+        scanned.extend(entry.scan(buf, check_crc))
+    except entry.CorruptEntry:
+        pass
+    assert entry.walked_prefix(memoryview(buf) if view else buf, check_crc) == scanned

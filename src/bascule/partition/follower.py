@@ -19,7 +19,7 @@ from bascule.natsio.sealed import SealedNats
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
 from bascule.wire import envelope, replicate
-from bascule.wire.entry import CorruptEntry, WalkedEntry, scan
+from bascule.wire.entry import walked_prefix
 from bascule.wire.pb import internal_pb2
 from bascule.wire.subjects import Subjects
 
@@ -227,7 +227,7 @@ class FollowerLoop:
             response = await self._whole_entry(action, response)
         if response is None:
             return follower.on_fetch_failed(replica.clock())
-        walked = intact_entries(response.entries)
+        walked = walked_prefix(response.entries)  # CRC-checked once here: the log is handed them walked
         length = walked[-1][4] if walked else 0
         if length != len(response.entries):
             # Keep the intact entries; the rest is fetched again from where they end.
@@ -299,12 +299,3 @@ class FollowerLoop:
         return None
 
 
-def intact_entries(data: memoryview) -> list[WalkedEntry]:
-    """The entries of a replication response up to the first torn or damaged one, CRC-checked
-    once here (the log is handed them already walked)."""
-    walked: list[WalkedEntry] = []
-    try:
-        walked.extend(scan(data))
-    except CorruptEntry:
-        pass
-    return walked

@@ -162,6 +162,47 @@ static PyObject *intact_prefix(PyObject *self, PyObject *args) {
     return Py_BuildValue("nnO", (Py_ssize_t)position, count, stopped ? Py_True : Py_False);
 }
 
+/* walked_entries(buf, check_crc) -> (entries, stopped): scan()'s (offset, leader epoch, timestamp,
+ * start, end) of each whole, intact entry from the start of buf, in any offset order (a
+ * follower's log checks the sequence), up to the first torn or damaged one. */
+static PyObject *walked_entries(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "y*p", &buf, &check_crc))
+        return NULL;
+    const unsigned char *data = buf.buf;
+    size_t size = (size_t)buf.len, position = 0;
+    int stopped = 0;
+    PyObject *entries = PyList_New(0);
+    if (!entries)
+        goto fail;
+    while (position < size) {
+        const unsigned char *entry = data + position;
+        uint64_t body_size = size - position >= HEADER_SIZE ? be32(entry + 24) : 0;
+        if (size - position < HEADER_SIZE || HEADER_SIZE + body_size > size - position || body_size < EMPTY_BODY_SIZE
+                || (check_crc && entry_crc(entry, (size_t)body_size) != be32(entry + CRC_POSITION))) {
+            stopped = 1;
+            break;
+        }
+        size_t end = position + HEADER_SIZE + (size_t)body_size;
+        PyObject *walked = Py_BuildValue("LKLnn", (long long)be64(entry), (unsigned long long)be64(entry + 16),
+                                         (long long)be64(entry + 8), (Py_ssize_t)position, (Py_ssize_t)end);
+        if (!walked || PyList_Append(entries, walked) < 0) {
+            Py_XDECREF(walked);
+            goto fail;
+        }
+        Py_DECREF(walked);
+        position = end;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("NO", entries, stopped ? Py_True : Py_False);
+
+fail:
+    Py_XDECREF(entries);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 /* ---- Subscribe's Messages ------------------------------------------------------------------ */
 
 typedef struct {
@@ -331,6 +372,7 @@ static PyObject *set_sse42(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"intact_prefix", intact_prefix, METH_VARARGS, "(length, count, stopped) of the whole, intact entries."},
+    {"walked_entries", walked_entries, METH_VARARGS, "(entries as scan() yields them, stopped)."},
     {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
     {"uses_sse42", uses_sse42, METH_NOARGS, "Whether the CRC runs on SSE 4.2's instruction."},

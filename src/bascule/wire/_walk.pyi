@@ -1,6 +1,9 @@
 from collections.abc import Callable
 
 def intact_prefix(buf: bytes, first_offset: int, max_entries: int, check_crc: bool, /) -> tuple[int, int, bool]: ...
+def walked_entries(
+    buf: bytes | bytearray | memoryview, check_crc: bool, /
+) -> tuple[list[tuple[int, int, int, int, int]], bool]: ...
 def encode_messages(
     chunk: bytes, first_offset: int, max_entries: int, check_crc: bool, shared_for: Callable[[bytes, int], bytes], /
 ) -> tuple[int, int, bool, bytes]: ...

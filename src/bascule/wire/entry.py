@@ -210,6 +210,19 @@ def scan(
         position = end
 
 
+def walked_prefix(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> list[WalkedEntry]:
+    """What ``scan`` yields for the whole, intact entries at the start of ``buf``, up to the
+    first torn or damaged one (in C when built: a follower walks every replicated entry)."""
+    if native is not None:
+        return native.walked_entries(buf, check_crc)[0]
+    walked: list[WalkedEntry] = []
+    try:
+        walked.extend(scan(buf, check_crc))
+    except CorruptEntry:
+        pass
+    return walked
+
+
 def intact_prefix(
     buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
 ) -> tuple[int, int, CorruptEntry | None]:
