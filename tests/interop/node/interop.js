@@ -371,6 +371,54 @@ async function gzip() {
   return {...result, wire: calls};
 }
 
+async function subscribeStopBeforeStart() {
+  const {status} = await subscribe(client, {
+    stream, partition: 0, startPosition: 'OFFSET', startOffset: '2', stopPosition: 'STOP_OFFSET', stopOffset: '1',
+  }, {deadline: deadline(5000)});
+  expect(status.code === grpc.status.INVALID_ARGUMENT, `ended with ${codeName(status.code)}, INVALID_ARGUMENT expected`,
+    statusOf(status));
+  expect(status.details === 'Stop offset is before start offset: 1 < 2', 'not Liftbridge\'s words', statusOf(status));
+  return statusOf(status);
+}
+
+async function partitionEventTimestamps() {
+  const response = await ok(client, 'FetchPartitionMetadata', {stream, partition: 0}, {deadline: deadline(5000)});
+  const received = response.metadata.messagesReceivedTimestamps;
+  expect(received && Number(received.firstTimestamp) > 0 && Number(received.latestTimestamp) >= Number(received.firstTimestamp),
+    'no messages-received timestamps', response.metadata);
+  return {messagesReceived: received};
+}
+
+/** A consumer group as go-liftbridge drives one: join, fetch the assignments, read as a member, leave. */
+async function consumerGroup() {
+  const group = `${stream}-group`;
+  const joined = await ok(client, 'JoinConsumerGroup', {groupId: group, consumerId: 'c1', streams: [stream]},
+    {deadline: deadline(10000)});
+  expect(joined.coordinator && Number(joined.epoch) > 0 && Number(joined.consumerTimeout) > 0, 'bad join', joined);
+  const coordinator = joined.coordinator;
+  const fetched = await ok(client, 'FetchConsumerGroupAssignments', {groupId: group, consumerId: 'c1', epoch: joined.epoch},
+    {deadline: deadline(5000)});
+  expect(fetched.assignments.length === 1 && fetched.assignments[0].stream === stream
+    && sameList(fetched.assignments[0].partitions, [0]), 'not assigned partition 0', fetched);
+  const consumer = {groupId: group, groupEpoch: fetched.epoch, consumerId: 'c1'};
+  const {messages, status} = await subscribe(client, {
+    stream, partition: 0, startPosition: 'EARLIEST', stopPosition: 'STOP_OFFSET', stopOffset: '0', consumer,
+  }, {deadline: deadline(10000)});
+  expect(sameList(offsetsOf(messages.slice(1)), [0]) && status.code === grpc.status.RESOURCE_EXHAUSTED,
+    'the member did not read offset 0', {offsets: offsetsOf(messages), status: statusOf(status)});
+  const stale = await subscribe(client, {stream, partition: 0, startPosition: 'EARLIEST', consumer: {...consumer, consumerId: 'c2'}},
+    {deadline: deadline(5000)});
+  expect(stale.status.code === grpc.status.FAILED_PRECONDITION, 'a non-member read the partition', statusOf(stale.status));
+  const metadata = await ok(client, 'FetchMetadata', {streams: [stream], groups: [group]}, {deadline: deadline(5000)});
+  const listed = metadata.groupMetadata.find((g) => g.groupId === group);
+  expect(listed && listed.coordinator === coordinator && listed.epoch === fetched.epoch, 'group not in metadata',
+    metadata.groupMetadata);
+  await ok(client, 'LeaveConsumerGroup', {groupId: group, consumerId: 'c1'}, {deadline: deadline(10000)});
+  const gone = await fails(client, 'FetchConsumerGroupAssignments', {groupId: group, consumerId: 'c1', epoch: fetched.epoch},
+    grpc.status.NOT_FOUND, {deadline: deadline(5000)});
+  return {coordinator, epoch: fetched.epoch, afterLeave: gone};
+}
+
 async function deleteStream() {
   await ok(client, 'DeleteStream', {name: stream}, {deadline: deadline(10000)});
   const again = await fails(client, 'DeleteStream', {name: stream}, grpc.status.NOT_FOUND, {deadline: deadline(10000)});
@@ -388,6 +436,9 @@ const CHECKS = [
   ['subscribe_deadline', subscribeDeadline],
   ['unknown_method', unknownMethod],
   ['cursors', cursors],
+  ['subscribe_stop_before_start', subscribeStopBeforeStart],
+  ['partition_event_timestamps', partitionEventTimestamps],
+  ['consumer_group', consumerGroup],
   ['big_value', bigValue],
   ['gzip', gzip],
   ['delete_stream', deleteStream],
