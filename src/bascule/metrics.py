@@ -1,8 +1,10 @@
 """A node's operations endpoint: Prometheus metrics, /healthz and /readyz over HTTP/1.1.
 
 Off unless ``metrics.listen`` or ``--metrics-port`` sets it. The series are read from the node when
-Prometheus scrapes (a collector on a registry of the endpoint's own, not prometheus_client's global one),
-so nothing is counted on the per-message paths. A connection carries one request and is closed after its
+Prometheus scrapes (a collector on a registry of the endpoint's own, not prometheus_client's global one).
+What the message paths count, they count in plain integers of the objects they use (replicas, logs, the
+capture path), never through prometheus_client, whose every increment takes a lock; gRPC calls are counted
+by ``GrpcCalls``, the gRPC server's observer. A connection carries one request and is closed after its
 response: a scraper or a probe needs no more. docs/operations.md lists every series.
 """
 
@@ -11,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
+from itertools import accumulate
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from bascule.h2grpc.status import Status
 from bascule.metadata.state import Partition
 from bascule.node.node import Node
+from bascule.partition.log.fsync_times import fsync_seconds
 from bascule.partition.replica import PartitionReplica
 
 log = logging.getLogger(__name__)
@@ -33,22 +39,73 @@ MAX_CONNECTIONS = 64
 
 PARTITION_LABELS = ("stream", "partition")
 TEXT = "text/plain; charset=utf-8"
+# A unary call takes well under a millisecond to a few seconds; a streaming one (Subscribe) lasts as
+# long as its client reads, and lands in the last buckets.
+GRPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0)
+
+
+# ---- gRPC calls, as the gRPC server observes them ------------------------------------------------
+
+
+class _MethodCalls:
+    __slots__ = ("codes", "buckets", "seconds")
+
+    def __init__(self) -> None:
+        self.codes = [0] * len(Status)  # calls by status code
+        self.buckets = [0] * (len(GRPC_BUCKETS) + 1)  # calls by duration, the last beyond every bound
+        self.seconds = 0.0
+
+
+class GrpcCalls:
+    """Calls by method: how many ended with each status code, and how long they took. ``observe`` is
+    the gRPC server's observer (``h2grpc.server.CallObserver``), on the event loop: no lock. A
+    collector of the two series."""
+
+    def __init__(self) -> None:
+        self.methods: dict[str, _MethodCalls] = {}  # the server's own method paths, and h2grpc's "unknown"
+
+    def observe(self, method: str, code: Status, seconds: float) -> None:
+        calls = self.methods.get(method)
+        if calls is None:
+            calls = self.methods[method] = _MethodCalls()
+        calls.codes[code] += 1
+        calls.buckets[bisect_left(GRPC_BUCKETS, seconds)] += 1
+        calls.seconds += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "bascule_grpc_requests", "gRPC calls that ended, by method and status code.", labels=["method", "code"],
+        )
+        durations = HistogramMetricFamily(
+            "bascule_grpc_request_duration_seconds",
+            "Time from a gRPC call's start to its end (a streaming call's whole life), by method.", labels=["method"],
+        )
+        for method, calls in sorted(self.methods.items()):
+            for code, count in zip(Status, calls.codes):
+                if count:
+                    requests.add_metric([method, code.name], count)
+            durations.add_metric([method], _cumulative(GRPC_BUCKETS, calls.buckets), calls.seconds)
+        yield requests
+        yield durations
 
 
 # ---- the series --------------------------------------------------------------------------------
 
 
 class NodeCollector:
-    """Every series of docs/operations.md, read from ``node`` at each scrape."""
+    """Every series of docs/operations.md but the gRPC calls' (``GrpcCalls``), read from ``node`` at each scrape."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
         yield from _partition_metrics(self.node)
+        yield from _partition_counters(self.node)
         yield from _cluster_metrics(self.node)
         yield from _raft_metrics(self.node)
         yield from _nats_metrics(self.node)
+        yield from _capture_metrics(self.node)
+        yield _fsync_histogram()
 
 
 _PARTITION_GAUGES = {
@@ -71,18 +128,71 @@ def _partition_metrics(node: Node) -> Iterator[Metric]:
         "Messages of the leader's log the follower lacked at its last fetch; on the partition's leader only.",
         labels=(*PARTITION_LABELS, "follower"),
     )
-    state = node.state
-    for (stream, partition), local in node.partitions.items():
-        assigned = state.partition(stream, partition)
-        if local.replica.closed or assigned is None:
-            continue
-        labels = [stream, str(partition)]
-        for name, value in _partition_values(local.replica, assigned).items():
+    for labels, replica, assigned in _local_partitions(node):
+        for name, value in _partition_values(replica, assigned).items():
             gauges[name].add_metric(labels, value)
-        for follower, behind in _follower_lags(local.replica).items():
+        for follower, behind in _follower_lags(replica).items():
             lag.add_metric([*labels, follower], behind)
     yield from gauges.values()
     yield lag
+
+
+def _local_partitions(node: Node) -> Iterator[tuple[list[str], PartitionReplica, Partition]]:
+    """(their stream and partition labels, the replica, the partition's metadata) of the open replicas."""
+    state = node.state
+    for (stream, partition), local in node.partitions.items():
+        assigned = state.partition(stream, partition)
+        if not local.replica.closed and assigned is not None:
+            yield [stream, str(partition)], local.replica, assigned
+
+
+_PARTITION_COUNTERS = {
+    "messages_in": "Messages appended to this replica's log since it was opened: as leader, or replicated as follower.",
+    "bytes_in": "Bytes of the entries appended to this replica's log since it was opened, as stored.",
+    "leader_elections": "Leader changes of the partition since it was created (its leader epoch in the metadata).",
+    "isr_shrinks": "Members the partition's ISR lost while this node led it, as the metadata applied it.",
+    "isr_expands": "Members the partition's ISR gained while this node led it, as the metadata applied it.",
+}
+_READERS = ("subscriber", "follower")
+
+
+def _partition_counters(node: Node) -> Iterator[Metric]:
+    counters = {
+        name: CounterMetricFamily(f"bascule_partition_{name}", documentation, labels=PARTITION_LABELS)
+        for name, documentation in _PARTITION_COUNTERS.items()
+    }
+    messages_out = CounterMetricFamily(
+        "bascule_partition_messages_out",
+        "Messages sent since the replica was opened: read by subscribers, or fetched by followers from this leader.",
+        labels=(*PARTITION_LABELS, "reader"),
+    )
+    bytes_out = CounterMetricFamily(
+        "bascule_partition_bytes_out",
+        "Bytes sent since the replica was opened: to subscribers as their calls carry them, to followers as stored.",
+        labels=(*PARTITION_LABELS, "reader"),
+    )
+    for labels, replica, assigned in _local_partitions(node):
+        for name, value in _partition_counts(replica, assigned).items():
+            counters[name].add_metric(labels, value)
+        for reader, messages, sent in zip(
+            _READERS, (replica.messages_to_subscribers, replica.messages_to_followers),
+            (replica.bytes_to_subscribers, replica.bytes_to_followers),
+        ):
+            messages_out.add_metric([*labels, reader], messages)
+            bytes_out.add_metric([*labels, reader], sent)
+    yield from counters.values()
+    yield messages_out
+    yield bytes_out
+
+
+def _partition_counts(replica: PartitionReplica, assigned: Partition) -> dict[str, int]:
+    return {
+        "messages_in": replica.log.appended_entries,
+        "bytes_in": replica.log.appended_bytes,
+        "leader_elections": assigned.leader_epoch,
+        "isr_shrinks": replica.isr_shrinks,
+        "isr_expands": replica.isr_expansions,
+    }
 
 
 def _partition_values(replica: PartitionReplica, assigned: Partition) -> dict[str, int]:
@@ -167,6 +277,31 @@ def _nats_metrics(node: Node) -> Iterator[Metric]:
     yield dropped
 
 
+def _capture_metrics(node: Node) -> Iterator[Metric]:
+    dropped = CounterMetricFamily(
+        "bascule_capture_messages_dropped",
+        "Messages captured from NATS and given up on before they were stored, so never acked, by reason.",
+        labels=["reason"],
+    )
+    for reason, count in node.capture.dropped.items():
+        dropped.add_metric([reason], count)
+    yield dropped
+
+
+def _fsync_histogram() -> Metric:
+    counts, seconds = fsync_seconds.snapshot()
+    histogram = HistogramMetricFamily(
+        "bascule_log_fsync_seconds", "Time the partition logs' syncs spent in fsync, one observation per sync.",
+    )
+    histogram.add_metric([], _cumulative(fsync_seconds.bounds, counts), seconds)
+    return histogram
+
+
+def _cumulative(bounds: Sequence[float], counts: Sequence[int]) -> Sequence[tuple[str, float]]:
+    """Prometheus' buckets (upper bound, observations up to it) from a count per bucket."""
+    return list(zip([*map(str, bounds), "+Inf"], accumulate(counts)))
+
+
 # ---- HTTP, sans I/O ------------------------------------------------------------------------------
 
 
@@ -235,10 +370,12 @@ _HEAD_TOO_LARGE = _text(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request he
 class MetricsServer:
     """The endpoint of one node: start after the node, stop before it."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, grpc_calls: GrpcCalls | None = None) -> None:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
+        if grpc_calls is not None:
+            self.registry.register(grpc_calls)
         self.port = 0  # once started: the one bound
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()

@@ -19,7 +19,7 @@ from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.config.model import MetricsConfig
 from bascule.config.values import join_host_port
 from bascule.h2grpc import GrpcServer, server_tls_context
-from bascule.metrics import MetricsServer
+from bascule.metrics import GrpcCalls, MetricsServer
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
 
@@ -66,13 +66,14 @@ async def _serve(
     node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)
-    server = GrpcServer(ssl_context=tls)
+    grpc_calls = GrpcCalls() if config.metrics.port is not None else None  # observed only for the endpoint
+    server = GrpcServer(ssl_context=tls, observer=None if grpc_calls is None else grpc_calls.observe)
     metrics = None
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
         port = await server.bind(config.listen_host, config.port)
         await node.start(port)
-        metrics = await _start_metrics(config.metrics, node)
+        metrics = await _start_metrics(config.metrics, node, grpc_calls)
         if metrics is not None and metrics_servers is not None:
             metrics_servers.append(metrics)
         health = add_services(server, node, node.partitions, node.publishing, node.admin,
@@ -94,11 +95,11 @@ async def _serve(
         await node.stop()
 
 
-async def _start_metrics(config: MetricsConfig, node: Node) -> MetricsServer | None:
+async def _start_metrics(config: MetricsConfig, node: Node, grpc_calls: GrpcCalls | None) -> MetricsServer | None:
     """The metrics, /healthz and /readyz endpoint, when configured."""
     if config.port is None:
         return None
-    metrics = MetricsServer(node)
+    metrics = MetricsServer(node, grpc_calls)
     await metrics.start(config.host, config.port)
     log.info("metrics, /healthz and /readyz on http://%s", join_host_port(config.host, metrics.port))
     return metrics

@@ -6,12 +6,17 @@ import time
 
 import nats
 import pytest
+from cluster_checks import FAST, create_stream, leader_index, new_leader, publish_all_acked, restart, wait_for
 from conftest import running_node
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from bascule.client import Client
+from bascule.client import BasculeError, Client
 from bascule.natsio.sealed import SealedNats
+from bascule.testing.local import LocalCluster
+from bascule.testing.ports import free_port
+from bascule.wire import envelope
+from bascule.wire.pb import api_pb2
 from bascule.wire.seal import Sealer, derive_key
 
 pytestmark = pytest.mark.anyio
@@ -58,8 +63,12 @@ async def eventually(check, timeout: float = 10.0):
         await asyncio.sleep(0.05)
 
 
-def partition_labels(stream: str, partition: int = 0) -> frozenset:
-    return frozenset({"stream": stream, "partition": str(partition)}.items())
+def partition_labels(stream: str, partition: int = 0, **more: str) -> frozenset:
+    return frozenset({"stream": stream, "partition": str(partition), **more}.items())
+
+
+def labelled(**labels: str) -> frozenset:
+    return frozenset(labels.items())
 
 
 async def test_health_readiness_and_routes(tmp_path):
@@ -185,3 +194,137 @@ async def test_no_endpoint_unless_configured(tmp_path):
     async with running_node(tmp_path, metrics_servers=servers) as (node, address):
         assert node.config.metrics.port is None
         assert servers == []
+
+
+async def test_traffic_moves_the_counters_of_partitions_grpc_calls_fsyncs_and_capture(tmp_path):
+    servers = []
+    settings = {**METRICS_ON, "streams.sync": "always"}  # an fsync before each ack
+    async with running_node(tmp_path, metrics_servers=servers, **settings) as (node, address):
+        port = servers[0].port
+        orders = partition_labels("orders")
+        async with Client(address) as client:
+            await client.create_stream("orders", "orders.in")
+            before = await scrape(port)
+            assert before[("bascule_partition_messages_in_total", orders)] == 0
+            for i in range(5):
+                await client.publish("orders", f"m{i}".encode(), ack_policy="all")
+            read = [message async for message in client.subscribe("orders", start="earliest", stop_offset=4)]
+            assert len(read) == 5
+            with pytest.raises(BasculeError) as missing:
+                await client.delete_stream("nowhere")
+            assert missing.value.code.name == "NOT_FOUND"
+            after = await scrape(port)
+
+        assert after[("bascule_partition_messages_in_total", orders)] == 5
+        stored = after[("bascule_partition_bytes_in_total", orders)]
+        assert stored > 5 * 32  # each entry's header and body
+        # SubscribeBatches, bascule's client's read, sends entries as stored.
+        assert after[("bascule_partition_messages_out_total", partition_labels("orders", reader="subscriber"))] == 5
+        assert after[("bascule_partition_bytes_out_total", partition_labels("orders", reader="subscriber"))] == stored
+        assert after[("bascule_partition_messages_out_total", partition_labels("orders", reader="follower"))] == 0
+        assert after[("bascule_partition_leader_elections_total", orders)] == 0
+        assert after[("bascule_partition_isr_shrinks_total", orders)] == 0
+
+        publish = "/proto.API/Publish"
+        assert after[("bascule_grpc_requests_total", labelled(method=publish, code="OK"))] == 5
+        assert after[("bascule_grpc_request_duration_seconds_count", labelled(method=publish))] == 5
+        assert after[("bascule_grpc_request_duration_seconds_bucket", labelled(method=publish, le="+Inf"))] == 5
+        assert after[("bascule_grpc_requests_total", labelled(method="/proto.API/DeleteStream", code="NOT_FOUND"))] == 1
+        batches = labelled(method="/bascule.data.Data/SubscribeBatches", code="RESOURCE_EXHAUSTED")  # its stop
+        assert after[("bascule_grpc_requests_total", batches)] == 1
+
+        fsyncs = ("bascule_log_fsync_seconds_count", frozenset())
+        fsync_time = ("bascule_log_fsync_seconds_sum", frozenset())
+        assert after[fsyncs] >= before[fsyncs] + 5
+        assert after[("bascule_log_fsync_seconds_bucket", labelled(le="+Inf"))] == after[fsyncs]
+        assert after[fsync_time] > before[fsync_time]
+        dropped = {dict(labels)["reason"]: value for (name, labels), value in after.items()
+                   if name == "bascule_capture_messages_dropped_total"}
+        assert dropped == {"not_leader": 0, "closed": 0, "failed": 0, "invalid": 0, "write_error": 0}
+
+
+async def test_captured_messages_the_log_refuses_are_counted_and_garbage_is_stored(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        async with Client(address) as client:
+            await client.create_stream("plain", "plain.in")
+        rng = random.Random(5)
+        garbage = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))) for _ in range(30)]
+        garbage += [envelope.MAGIC + payload for payload in garbage[:10]]  # envelopes in looks only
+        # A header name longer than an entry can hold (64 KiB): refused by the log, never acked.
+        refused = envelope.encode_message(
+            api_pb2.Message(value=b"v", headers={"n" * 70_000: b"v"}), envelope.MsgType.PUBLISH
+        )
+        nc = await nats.connect(node._embedded.url)
+        try:
+            for payload in garbage:
+                await nc.publish("plain.in", payload)
+            await nc.flush()
+
+            async def stored():
+                return (await scrape(port))[("bascule_partition_messages_in_total", partition_labels("plain"))] == 40
+
+            assert await eventually(stored)
+            await nc.publish("plain.in", refused)
+            await nc.flush()
+        finally:
+            await nc.close()
+        invalid = ("bascule_capture_messages_dropped_total", labelled(reason="invalid"))
+
+        async def counted():
+            return (await scrape(port))[invalid] == 1
+
+        assert await eventually(counted)
+        assert (await scrape(port))[("bascule_partition_messages_in_total", partition_labels("plain"))] == 40
+
+
+@pytest.mark.cluster
+async def test_replication_isr_changes_and_elections_move_the_series_of_a_cluster():
+    ports = [free_port() for _ in range(3)]
+    node_config = [{"metrics.listen": f"127.0.0.1:{port}"} for port in ports]
+    with LocalCluster(3, config=FAST, node_config=node_config) as cluster:
+
+        async def series(index: int, name: str, **labels: str) -> float:
+            return (await scrape(ports[index]))[(name, partition_labels("replicated", **labels))]
+
+        await create_stream(cluster, "replicated")
+        leader = await leader_index(cluster, "replicated")
+        followers = [i for i in range(3) if i != leader]
+        await publish_all_acked(cluster, "replicated", [f"r{i}".encode() for i in range(10)])
+
+        async def replicated():
+            counts = [await series(i, "bascule_partition_messages_in_total") for i in range(3)]
+            sizes = {await series(i, "bascule_partition_bytes_in_total") for i in range(3)}
+            sent = await series(leader, "bascule_partition_messages_out_total", reader="follower")
+            return counts == [10, 10, 10] and len(sizes) == 1 and sent == 20
+
+        await wait_for(replicated, 15, "every replica's in-counters at 10, the leader's out at 20", cluster)
+        stored = await series(leader, "bascule_partition_bytes_in_total")
+        assert await series(leader, "bascule_partition_bytes_out_total", reader="follower") >= 2 * stored
+        assert await series(followers[0], "bascule_partition_messages_out_total", reader="follower") == 0
+
+        cluster.kill(followers[0])  # out of the ISR after the max lag time (2 s)
+
+        async def shrunk():
+            return await series(leader, "bascule_partition_isr_shrinks_total") == 1
+
+        await wait_for(shrunk, 15, "the leader to count an ISR shrink", cluster)
+        assert await series(leader, "bascule_partition_under_replicated") == 1
+        await restart(cluster, followers[0])
+
+        async def expanded():
+            return await series(leader, "bascule_partition_isr_expands_total") == 1
+
+        await wait_for(expanded, 20, "the leader to count an ISR expansion", cluster)
+        assert await series(leader, "bascule_partition_leader_elections_total") == 0
+
+        old = cluster.server_ids[leader]
+        cluster.kill(leader)
+        successor = await new_leader(cluster, "replicated", followers, old)
+
+        async def elected():
+            return await series(successor, "bascule_partition_leader_elections_total") >= 1
+
+        await wait_for(elected, 15, "the new leader to count an election", cluster)
+        assert await series(successor, "bascule_partition_leader") == 1

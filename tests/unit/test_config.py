@@ -287,7 +287,8 @@ def test_listen_address_and_advertised_host(settings, listen_address, advertised
         ({"clustering.raft.bootstrap.peers": "a b"}, "clustering.raft.bootstrap.peers: expected a list of peers"),
         ({"tls.cert": "server.pem"}, "tls.cert, tls.key: expected both set or neither"),
         ({"activity.stream.publish.ack.policy": "some"}, "activity.stream.publish.ack.policy: expected one of"),
-        ({"streams.compact.enabled": True}, "streams.compact.enabled: expected false (bascule does not support"),
+        ({"streams.compact.enabled": "sometimes"}, "streams.compact.enabled: expected true or false"),
+        ({"streams.encryption": True}, "streams.encryption: expected false (bascule does not support"),
         ({"nats.user": "me", "nats.token": "t"}, "nats: give NATS one way to authenticate"),
         ({"nats.tls.cert": "client.pem"}, "nats: nats.tls.cert and nats.tls.key go together"),
         ({"clustering.replica.max.lag.tme": "15s"},
@@ -666,3 +667,11 @@ def test_a_bad_metrics_port_flag_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         parse_flags("--metrics-port", "http")
     assert "--metrics-port: invalid int value: 'http'" in capsys.readouterr().err
+
+
+def test_compaction_and_the_cursor_streams_auto_pause_as_liftbridge_has_them():
+    config = load_config(None, {})
+    assert not config.streams.compact_enabled and config.cursors.stream_auto_pause_time == 60.0
+    config = load_config(None, {"streams.compact.enabled": True, "cursors.stream.auto.pause.time": "0s"})
+    assert config.streams.compact_enabled and config.cursors.stream_auto_pause_time == 0
+    assert config.ignored_settings == ()

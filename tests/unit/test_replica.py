@@ -103,9 +103,10 @@ def test_position_names_the_epoch_of_the_last_entry_not_an_empty_leader_epoch(tm
     asyncio.run(run())
 
 
-async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and_catches_up(tmp_path):
+async def test_a_follower_below_the_leaders_log_start_appends_after_the_gap_and_catches_up(tmp_path):
     """The leader's retention removed offsets 0..29; a follower that has 0..4 gets entries from 30
-    (the replica shell serving the fetch), and its machine and log restart at 30 and catch up."""
+    (the replica shell serving the fetch) and stores them after the gap, as it stores the gaps of a
+    compacted log, keeping its own 0..4, and catches up."""
     from bascule.partition.log import LogConfig
     from bascule.partition.replication.follower import Append, Follower, FollowerConfig, RestartLog
     from bascule.wire.entry import scan
@@ -137,9 +138,11 @@ async def test_a_follower_below_the_leaders_log_start_restarts_its_log_there_and
                     follower_replica.restart_log(action.start_offset)
                 elif isinstance(action, Append):
                     follower_replica.append_replicated(data, walked)
-        assert follower_replica.log.oldest_offset == leader_log.oldest_offset
+        assert follower_replica.log.oldest_offset == 0
+        assert [entry.value for entry in follower_replica.log.read(0, 5)] == [b"old"] * 5
         oldest = leader_log.oldest_offset
         assert follower_replica.log.read(oldest, 1000) == leader_log.read(oldest, 1000)
+        assert follower_replica.log.read(5, 1000) == leader_log.read(oldest, 1000)  # across the gap
     finally:
         leader_replica.close()
         follower_replica.close()

@@ -231,7 +231,7 @@ def test_invalid_replies_while_idle_are_ignored():
     f = fetching(leo=5)
     f.on_replicate(3, 4, [], 1.0)
     assert f.on_replicate(3, 4, [(3, 1)], 2.0) == []  # stale
-    assert f.on_replicate(3, 4, [(5, 1), (7, 1)], 2.0) == []  # malformed
+    assert f.on_replicate(3, 4, [(5, 1), (5, 1)], 2.0) == []  # malformed
     assert f.state is FollowerState.IDLE and f.log_end_offset == 5
 
 
@@ -242,11 +242,29 @@ def test_stale_or_gapped_data_is_dropped_and_refetched():
     assert f.log_end_offset == 5 and f.hw == -1
 
 
-def test_below_the_leaders_log_start_the_log_restarts_there():
-    """The leader's retention went past this replica's end (or this replica lost its disk): the
-    leader serves from its log start, and the follower restarts its log there, never idling
-    below it forever."""
+def test_past_a_gap_at_or_below_the_leaders_hw_the_entries_are_appended_after_it():
+    """The leader no longer has offsets 5..99 (compaction removed them, or retention): the follower
+    appends what follows the gap, as Liftbridge's do, and keeps what it has. An epoch the entries
+    begin starts where the gap does, the earliest it can have begun."""
     f = fetching(leo=5, hw=4, entries=((1, 0),))
+    actions = f.on_replicate(3, 120, [(100, 2), (101, 3)], 1.0)
+    assert actions == [Append(100, 2, ((2, 5), (3, 101))), SetHighWatermark(101), SendFetch(102, 3)]
+    assert f.history.entries == [(1, 0), (2, 5), (3, 101)]
+    assert f.log_start_offset == 0 and f.log_end_offset == 102 and f.hw == 101
+
+
+def test_gaps_inside_a_batch_are_the_leaders_and_stored_as_they_are():
+    f = fetching(leo=5, hw=4, entries=((1, 0),))
+    actions = f.on_replicate(3, 20, [(5, 1), (9, 1), (12, 3)], 1.0)
+    assert actions == [Append(5, 3, ((3, 10),)), SetHighWatermark(12), SendFetch(13, 3)]
+    assert f.log_end_offset == 13
+
+
+def test_an_empty_log_below_the_leaders_log_start_restarts_there():
+    """This replica has nothing (new, or its disk was wiped) and the leader's log starts past its
+    end: the follower restarts its log there, never idling below it forever."""
+    f = follower((), leo=0)
+    assert f.start() == [Truncate(0, False), SendFetch(0, 3)]
     actions = f.on_replicate(3, 120, [(100, 2), (101, 3)], 1.0)
     assert actions == [RestartLog(100), Append(100, 2, ((2, 100), (3, 101))), SetHighWatermark(101), SendFetch(102, 3)]
     assert f.history.entries == [(2, 100), (3, 101)]
@@ -256,7 +274,8 @@ def test_below_the_leaders_log_start_the_log_restarts_there():
 @pytest.mark.parametrize(
     "entries",
     [
-        [(5, 1), (7, 1)],  # not contiguous
+        [(5, 1), (5, 1)],  # offsets not rising
+        [(6, 1), (5, 1)],  # offsets going back
         [(5, 4)],  # an epoch above the leader's
         [(5, 2), (6, 1)],  # epochs going backwards
     ],

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bascule.wire import entry
-from bascule.wire.entry import Record, encode_entries, intact_prefix, intact_prefix_python
+from bascule.wire.entry import Record, consecutive_prefix, encode_entries, intact_prefix_python
 from bascule.wire.messages import MessageEncoder
 
 native = entry.native
@@ -57,7 +57,7 @@ def same_error(a, b) -> bool:
 def test_intact_prefix_in_c_is_the_python_loop(crc_path, chunk, max_entries, check_crc, shift):
     batch, first_offset, damage, cut = chunk
     buf = damaged(batch, first_offset, damage, cut)
-    c_length, c_count, c_error = intact_prefix(buf, first_offset + shift, max_entries, check_crc)
+    c_length, c_count, c_error, _ = consecutive_prefix(buf, 0, first_offset + shift, max_entries, check_crc)
     length, count, error = intact_prefix_python(buf, first_offset + shift, max_entries, check_crc)
     assert (c_length, c_count) == (length, count)
     assert same_error(c_error, error)
@@ -69,7 +69,7 @@ def test_the_messages_walk_in_c_is_the_python_loop_byte_for_byte(crc_path, chunk
     batch, first_offset, damage, cut = chunk
     buf = damaged(batch, first_offset, damage, cut)
     try:
-        c_walk = MessageEncoder("s", 3).walk(buf, first_offset + shift, max_entries, check_crc)
+        c_walk = MessageEncoder("s", 3).walk_consecutive(buf, 0, first_offset + shift, max_entries, check_crc)
     except entry.CorruptEntry as exc:  # a damaged header block, found as it is encoded
         with pytest.raises(entry.CorruptEntry, match=str(exc)):
             MessageEncoder("s", 3).walk_python(buf, first_offset + shift, max_entries, check_crc)
@@ -99,7 +99,7 @@ def test_the_crc_is_crc32c(crc_path, data, value):
 def test_garbage_never_crashes_the_c_loops():
     for garbage in (b"", b"\x00" * 31, b"\xff" * 64, bytes(range(256)) * 4, b"\x00" * 28 + b"\xff" * 40):
         for check_crc in (True, False):
-            length, count, _ = intact_prefix(garbage, 0, 10, check_crc)
+            length, count, _, _ = consecutive_prefix(garbage, 0, 0, 10, check_crc)
             assert (length, count) == intact_prefix_python(garbage, 0, 10, check_crc)[:2]
             try:
                 MessageEncoder("s", 0).walk(garbage, 0, 10, check_crc)
@@ -118,3 +118,21 @@ def test_walked_entries_in_c_are_what_scan_yields_up_to_the_first_bad_entry(crc_
     except entry.CorruptEntry:
         pass
     assert entry.walked_prefix(memoryview(buf) if view else buf, check_crc) == scanned
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunk=chunks, start=st.integers(0, 2000), max_entries=st.integers(0, 8), check_crc=st.booleans())
+def test_runs_from_a_byte_inside_the_buffer_in_c_are_the_python_loops(crc_path, chunk, start, max_entries, check_crc):
+    """After a gap, the walks run again from the entry past it: the C loops on a view of the rest."""
+    batch, first_offset, damage, cut = chunk
+    buf = damaged(batch, first_offset, damage, cut)
+    start %= len(buf) + 1
+    c_end, c_count, c_error, _ = consecutive_prefix(buf, start, first_offset, max_entries, check_crc)
+    end, count, error = intact_prefix_python(buf, first_offset, max_entries, check_crc, start)
+    assert (c_end, c_count) == (end, count) and same_error(c_error, error)
+    try:
+        c_walk = MessageEncoder("s", 3).walk_consecutive(buf, start, first_offset, max_entries, check_crc)
+    except entry.CorruptEntry:
+        return
+    python_walk = MessageEncoder("s", 3).walk_python(buf, first_offset, max_entries, check_crc, start)
+    assert (c_walk[0], c_walk[1], c_walk[3]) == (python_walk[0], python_walk[1], python_walk[3])

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from bascule.metadata.state import MetadataState
 from bascule.partition.replica import PartitionReplica
+from bascule.partition.replication.concurrency import NO_EXPECTATION
 from bascule.wire.capture import AckRequest, BurstOutcome
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
@@ -73,11 +74,12 @@ class Publishing(Protocol):
 
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[AckRequest],
-        on_acks: BurstOutcome,
+        on_acks: BurstOutcome, expected_offsets: list[int] | None = None,
     ) -> None: ...
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
+        expected_offset: int = NO_EXPECTATION,
     ) -> api_pb2.Ack: ...
 
     async def publish_to_subject(

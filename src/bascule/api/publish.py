@@ -21,6 +21,7 @@ from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
 from bascule.h2grpc.messages import frame
 from bascule.metadata.state import MetadataState
+from bascule.partition.replication.concurrency import IncorrectOffset, concurrency_control
 from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
@@ -52,7 +53,7 @@ class PublishRPCs:
         try:
             ack = await self.publish(request, wait)
         except Exception as exc:
-            failure = publish_failure(exc)
+            failure = _failure(exc)
             await context.abort(failure.status, failure.message)
         if not ack:
             return api_pb2.PublishResponse()
@@ -63,13 +64,13 @@ class PublishRPCs:
         if local is not None and not local.replica.is_leader:
             local = await self.replicas.until_leading(request.stream, request.partition)
         if local is None:
-            return await self.publishing.publish_remote(request, wait)
+            return _accepted(await self.publishing.publish_remote(request, wait))
         record = _record(request, local)
         if not wait:
-            local.replica.submit([record])
+            local.replica.submit([record], expected=[request.expectedOffset])
             return None
         return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
-                                             request.correlationId)
+                                             request.correlationId, request.expectedOffset)
 
     def _writable_leader(self, request: api_pb2.PublishRequest) -> LedPartition | None:
         """The partition to append ``request`` to, when this node leads it and it takes writes as it
@@ -91,12 +92,24 @@ class PublishRPCs:
             if local is not None or not writable:  # not yet opened here: asked again next time
                 # The metadata is an immutable value: while it is the same object, so is the answer.
                 self._last_lookup = (state, key, local)
+        if request.ackPolicy == capture.NONE and self._concurrency_controlled(*key):
+            raise PublishError(grpc.StatusCode.INVALID_ARGUMENT,
+                               "stream with concurrency control must have AckPolicy set", "BAD_REQUEST")
         if request.ackInbox:
             problem = publish_subject_error(request.ackInbox)
             if problem:
                 raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"ackInbox: {problem}", "BAD_REQUEST")
             return None  # through NATS, as Liftbridge: the partition leader acks to that inbox
         return local
+
+    def _concurrency_controlled(self, stream: str, partition: int) -> bool:
+        """Whether the partition checks expected offsets: as its replica on this node was opened
+        (the stream's setting, else this node's default), else as the stream's own setting says."""
+        local = self.replicas.get(stream, partition)
+        if local is not None:
+            return local.replica.concurrency_control
+        meta = self.cluster.state.streams.get(stream)
+        return meta is not None and concurrency_control(stream, meta.settings, server_default=False)
 
     def _shared_subject(self, stream: str, partition: int) -> bool:
         """Whether another stream captures what is published to this partition's subject: then a
@@ -237,7 +250,7 @@ class PublishRPCs:
                 burst.add(local, _record(request, local), request)
                 return
         except Exception as exc:  # refused
-            respond([_async_error(request, publish_failure(exc)).SerializeToString()] if wait else [], 1)
+            respond([_async_error(request, _failure(exc)).SerializeToString()] if wait else [], 1)
             return
         answered = False
 
@@ -251,7 +264,7 @@ class PublishRPCs:
             elif error is None:
                 respond([api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId).SerializeToString()], 1)
             else:
-                respond([_async_error(request, publish_failure(error)).SerializeToString()], 1)
+                respond([_async_error(request, _failure(error)).SerializeToString()], 1)
 
         task = asyncio.create_task(self._publish_the_long_way(request, wait, acked))
         slow.add(task)
@@ -300,6 +313,30 @@ def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
     return Record(value=request.value, key=request.key or None, headers=headers, header_block=block)
 
 
+def _expected_offsets(local: LedPartition, requests: list[api_pb2.PublishRequest]) -> list[int] | None:
+    """What the requests expect, for a partition that checks it (the others need not know)."""
+    return [request.expectedOffset for request in requests] if local.replica.concurrency_control else None
+
+
+def _failure(error: BaseException) -> PublishError:
+    return _incorrect_offset() if isinstance(error, IncorrectOffset) else publish_failure(error)
+
+
+def _incorrect_offset() -> PublishError:
+    # Liftbridge's words and codes: PublishAsync's INCORRECT_OFFSET, and Publish's UNKNOWN (it maps
+    # that code to no better status).
+    return PublishError(grpc.StatusCode.UNKNOWN, "incorrect expected offset", "INCORRECT_OFFSET")
+
+
+def _accepted(ack: api_pb2.Ack | None) -> api_pb2.Ack | None:
+    """The ack of a publish through NATS, or what its refusal (the ack's error) tells the client."""
+    if ack is None or ack.ackError == api_pb2.Ack.Error.OK:
+        return ack
+    if ack.ackError == api_pb2.Ack.Error.INCORRECT_OFFSET:
+        raise _incorrect_offset()
+    raise PublishError(grpc.StatusCode.UNKNOWN, "unknown error", "UNKNOWN")
+
+
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:
     code = getattr(api_pb2.PublishAsyncError.Code, error.async_code)
     return api_pb2.PublishResponse(
@@ -335,7 +372,8 @@ class _Burst:
             unanswered = sum(request.ackPolicy == capture.NONE for request in requests)
             try:
                 self._publishing.submit_burst(local.replica, local.subject, [record for _, record, _ in items],
-                                              ack_requests, functools.partial(self._acked, requests))
+                                              ack_requests, functools.partial(self._acked, requests),
+                                              _expected_offsets(local, requests))
             except Exception as exc:  # leadership ended since the requests were read
                 self._acked(requests, [i for i, r in enumerate(requests) if r.ackPolicy != capture.NONE], None, exc)
             if unanswered:
@@ -344,6 +382,6 @@ class _Burst:
     def _acked(self, requests: list[api_pb2.PublishRequest], indices: list[int], responses: list[bytes] | None,
                error: BaseException | None) -> None:
         if responses is None:
-            failure = publish_failure(error or RuntimeError("no ack"))
+            failure = _failure(error or RuntimeError("no ack"))
             responses = [_async_error(requests[index], failure).SerializeToString() for index in indices]
         self._respond(responses, len(indices))

@@ -197,6 +197,8 @@ async def _committed(
                 await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
             if count:
                 offset += count
+                replica.messages_to_subscribers += count
+                replica.bytes_to_subscribers += len(made)
                 yield made, offset - 1
                 continue
             await _end_of_data(replica, offset, context)

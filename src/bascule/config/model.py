@@ -81,6 +81,8 @@ class StreamsConfig:
     segment_max_age: float = 168 * HOUR
     auto_pause_time: float = 0.0
     auto_pause_disable_if_subscribers: bool = False
+    compact_enabled: bool = False  # log compaction by key, for streams that do not set it
+    concurrency_control: bool = False  # optimistic concurrency control, for streams that do not set it
     # "never", "always", or the fsync interval in seconds.
     sync: str | float = "never"
 
@@ -98,7 +100,7 @@ class ActivityConfig:
 class CursorsConfig:
     stream_partitions: int = 0
     stream_replication_factor: int = -1
-    stream_auto_pause_time: float = 0.0
+    stream_auto_pause_time: float = 1 * MINUTE  # Liftbridge's
 
 
 @dataclass(frozen=True)

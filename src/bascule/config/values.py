@@ -346,6 +346,8 @@ SETTINGS: dict[str, Setting] = {
     "streams.auto.pause.time": Setting(_duration, "streams.auto_pause_time"),
     "streams.auto.pause.disable.if.subscribers": Setting(_boolean, "streams.auto_pause_disable_if_subscribers"),
     "streams.sync": Setting(_sync_policy, "streams.sync"),
+    "streams.concurrency.control": Setting(_boolean, "streams.concurrency_control"),
+    "streams.compact.enabled": Setting(_boolean, "streams.compact_enabled"),
     "cursors.stream.partitions": Setting(_integer(0), "cursors.stream_partitions"),
     "cursors.stream.replication.factor": Setting(_integer(-1), "cursors.stream_replication_factor"),
     "cursors.stream.auto.pause.time": Setting(_duration, "cursors.stream_auto_pause_time"),
@@ -358,9 +360,7 @@ SETTINGS: dict[str, Setting] = {
     "metrics.listen": Setting(_listen),
     "metrics.port": Setting(_port),
     # Liftbridge features bascule lacks: fine when off, an error when asked for.
-    "streams.compact.enabled": _ignored(_disabled("compaction")),
     "streams.encryption": _ignored(_disabled("encryption at rest")),
-    "streams.concurrency.control": _ignored(_disabled("optimistic concurrency control")),
     "batch.max.messages": _ignored(_integer(0)),
     "batch.max.time": _ignored(_duration),
     "metadata.cache.max.age": _ignored(_duration),

@@ -13,7 +13,7 @@ import collections
 import logging
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from google.protobuf.message import DecodeError
@@ -38,6 +38,11 @@ KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
 KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
 SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued for its call
 SEND_LOW_WATER = 256 << 10
+UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
+
+# Told of each call as it ends (its status sent, or the client gone: CANCELLED): the method's path,
+# its status and the seconds since it started. On the event loop, once per call: keep it cheap.
+CallObserver = Callable[[str, Status, float], None]
 
 
 class Framed(bytes):
@@ -80,10 +85,10 @@ class CallContext:
 class _Call:
     __slots__ = (
         "stream_id", "method", "context", "task", "inbox", "inbox_waiter", "requests_ended",
-        "deadline_timer", "expired", "cancelled", "writable", "peer_certificate",
+        "deadline_timer", "expired", "cancelled", "writable", "peer_certificate", "started", "observed",
     )
 
-    def __init__(self, stream_id: int, method: Method) -> None:
+    def __init__(self, stream_id: int, method: Method, started: float) -> None:
         self.stream_id = stream_id
         self.method = method
         self.context: CallContext | None = None
@@ -96,6 +101,8 @@ class _Call:
         self.cancelled = False  # reset by the client, or the connection ended
         self.writable: asyncio.Future[None] | None = None
         self.peer_certificate: dict[str, Any] | None = None
+        self.started = started  # the loop's time
+        self.observed = False  # the server's observer was told how it ended
 
 
 class _Requests:
@@ -204,11 +211,13 @@ class _Connection(asyncio.Protocol):
         method = self.server.methods.get(event.method)
         if method is None:
             self.grpc.finish(event.stream_id, Status.UNIMPLEMENTED, f"Method not found: {event.method}")
+            self.server.observe(UNKNOWN_METHOD, Status.UNIMPLEMENTED, 0.0)
             return
         if self.server.closing:
             self.grpc.finish(event.stream_id, Status.UNAVAILABLE, "the server is shutting down")
+            self.server.observe(method.path, Status.UNAVAILABLE, 0.0)
             return
-        call = _Call(event.stream_id, method)
+        call = _Call(event.stream_id, method, self.loop.time())
         call.peer_certificate = self.peer_certificate
         deadline = None if event.timeout is None else self.loop.time() + event.timeout
         call.context = CallContext(call, event.metadata, deadline, self.peer, self.loop)
@@ -324,6 +333,12 @@ class _Connection(asyncio.Protocol):
         self.grpc.finish(call.stream_id, status, message)
         self._forget(call)
         self.flush_soon()
+        self._observe(call, status)
+
+    def _observe(self, call: _Call, status: Status) -> None:
+        if not call.observed:
+            call.observed = True
+            self.server.observe(call.method.path, status, self.loop.time() - call.started)
 
     def _forget(self, call: _Call) -> None:
         if self.calls.get(call.stream_id) is call:
@@ -345,6 +360,7 @@ class _Connection(asyncio.Protocol):
 
     def _abandon(self, call: _Call) -> None:
         call.cancelled = True
+        self._observe(call, Status.CANCELLED)
         if call.deadline_timer is not None:
             call.deadline_timer.cancel()
         if call.task is not None:
@@ -410,8 +426,10 @@ class GrpcServer:
         ssl_context: ssl.SSLContext | None = None,
         keepalive_time: float = KEEPALIVE_TIME,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        observer: CallObserver | None = None,
     ) -> None:
         self.methods: dict[str, Method] = {}
+        self.observe: CallObserver = observer or _unobserved
         self.max_message_bytes = max_message_bytes
         self.keepalive_time, self.keepalive_timeout = keepalive_time, keepalive_timeout
         self.connections: set[_Connection] = set()
@@ -458,6 +476,10 @@ class GrpcServer:
     def _call_tasks(self) -> set[asyncio.Task[None]]:
         return {call.task for connection in self.connections for call in connection.calls.values()
                 if call.task is not None}
+
+
+def _unobserved(method: str, status: Status, seconds: float) -> None:
+    pass
 
 
 def _peer_name(address: Any) -> str:

@@ -13,10 +13,14 @@ from functools import partial
 
 from bascule.natsio.capture import CaptureConnection, Delivery
 from bascule.node.partitions import LocalPartition
-from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica
+from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica, ReplicaFailed
+from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
+from bascule.wire.pb import api_pb2
 
 log = logging.getLogger(__name__)
+
+DROP_REASONS = ("not_leader", "closed", "failed", "invalid", "write_error")
 
 
 def when_ackable(replica: PartitionReplica, policy: int, offset: int, then: Outcome) -> None:
@@ -28,10 +32,26 @@ def when_ackable(replica: PartitionReplica, policy: int, offset: int, then: Outc
         then(offset, None)
 
 
+def drop_reason(error: BaseException) -> str:
+    """Why a burst the replica refused or failed was dropped, as ``CapturePath.dropped`` counts it."""
+    if isinstance(error, ReplicaFailed):
+        return "failed"
+    if isinstance(error, PartitionClosed):
+        return "closed"
+    if isinstance(error, NotLeader):
+        return "not_leader"
+    if isinstance(error, ValueError):
+        return "invalid"  # a record the log cannot store: the whole burst goes
+    return "write_error"
+
+
 class CapturePath:
     def __init__(self, connection: CaptureConnection, on_not_leader: Callable[[], None]) -> None:
         self.connection = connection
         self.on_not_leader = on_not_leader  # capture stops once the metadata is reconciled again
+        # Captured messages given up on before they were written (and synced, under sync: always),
+        # so never acked, by reason: for the metrics endpoint.
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
 
     async def switch(self, local: LocalPartition, capturing: bool) -> None:
         """Capture the partition's subject or stop, as ``capturing`` says; a subscription is in
@@ -48,22 +68,57 @@ class CapturePath:
 
         def on_messages(deliveries: list[Delivery]) -> None:
             batch = capture.capture_batch(deliveries)
+            count = len(batch.records)
             try:
-                if batch.acks:
-                    replica.submit(batch.records, partial(self._written, local, batch.acks, time.time_ns()))
+                if replica.concurrency_control:
+                    self._submit_each(local, batch, capture.expected_offsets(deliveries))
+                elif batch.acks:
+                    replica.submit(batch.records, partial(self._written, local, batch.acks, count, time.time_ns()))
                 else:
-                    replica.submit(batch.records)
+                    replica.submit(batch.records, partial(self._count_if_dropped, count))
             except (NotLeader, PartitionClosed) as exc:
-                log.warning("dropping %d messages on %s: %s", len(batch.records), local.subject, exc)
+                self.dropped[drop_reason(exc)] += count
+                log.warning("dropping %d messages on %s: %s", count, local.subject, exc)
                 self.on_not_leader()
 
         return on_messages
 
+    def _submit_each(self, local: LocalPartition, batch: capture.CapturedBatch, expected: list[int]) -> None:
+        """Under optimistic concurrency control, as Liftbridge, each message is appended alone: at
+        the offset it expects, or not at all (acked with INCORRECT_OFFSET)."""
+        acks = dict(batch.acks)
+        reception_ns = time.time_ns()
+        for index, record in enumerate(batch.records):
+            outcome = partial(self._written_alone, local, acks.get(index), reception_ns)
+            local.replica.submit([record], outcome, expected=expected[index:index + 1])
+
+    def _written_alone(
+        self, local: LocalPartition, ack: capture.AckRequest | None, reception_ns: int,
+        offset: int | None, error: BaseException | None,
+    ) -> None:
+        if isinstance(error, IncorrectOffset):
+            log.debug("refused a message on %s: %s", local.subject, error)
+            if ack is not None:
+                self.connection.publish_many([capture.encode_refusal(
+                    local.replica.stream, local.subject, ack, api_pb2.Ack.Error.INCORRECT_OFFSET,
+                    reception_ns, time.time_ns(),
+                )])
+        elif ack is None:
+            self._count_if_dropped(1, offset, error)
+        else:
+            self._written(local, [(0, ack)], 1, reception_ns, offset, error)
+
+    def _count_if_dropped(self, count: int, first_offset: int | None, error: BaseException | None) -> None:
+        """The outcome of a burst of ``count`` messages: counted in ``dropped`` if it failed."""
+        if error is not None:
+            self.dropped[drop_reason(error)] += count
+
     def _written(
-        self, local: LocalPartition, acks: list[tuple[int, capture.AckRequest]], reception_ns: int,
-        first_offset: int | None, error: BaseException | None,
+        self, local: LocalPartition, acks: list[tuple[int, capture.AckRequest]], count: int,
+        reception_ns: int, first_offset: int | None, error: BaseException | None,
     ) -> None:
         if error is not None or first_offset is None:
+            self._count_if_dropped(count, first_offset, error)
             return  # no ack: the publisher's timeout tells it the write did not happen
         on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
         on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]

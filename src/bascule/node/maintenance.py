@@ -1,6 +1,7 @@
-"""The node's periodic jobs over its replicas: HW checkpoints, retention, interval fsyncs, ISR
-changes the leaders ask for, and auto-pause of idle partitions; and the expiry of the silent
-members of the consumer groups it coordinates. Disk work runs in threads."""
+"""The node's periodic jobs over its replicas: HW checkpoints, the cleaner (retention, then log
+compaction), interval fsyncs, ISR changes the leaders ask for, and auto-pause of idle partitions;
+and the expiry of the silent members of the consumer groups it coordinates. Disk work runs in
+threads."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Maintenance:
     def start(self) -> None:
         jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
             (CHECKPOINT_INTERVAL, self._checkpoint_partitions),
-            (self.config.streams.cleaner_interval, self._enforce_retention),
+            (self.config.streams.cleaner_interval, self._clean),
             (self._isr_check_interval(), self._maintain_isrs),
             (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
             # a member expires within a tenth of the timeout of its due time (a second at most)
@@ -59,10 +60,34 @@ class Maintenance:
             if not local.replica.closed:
                 await local.replica.checkpoint()
 
-    async def _enforce_retention(self) -> None:
-        for local in self.partitions.all():
-            if not local.replica.closed:
-                local.replica.log.enforce_retention()
+    async def _clean(self) -> None:
+        """Liftbridge's cleaner: retention, then compaction by key of the streams that have it
+        (``compactEnabled``, else ``streams.compact.enabled``; the cursors stream always). Leaders
+        and followers compact on their own. One log at a time, its reading and writing in a
+        thread; a log that fails to compact is logged and the others go on."""
+        loop = asyncio.get_running_loop()
+        for (stream_name, partition), local in self.partitions.items():
+            replica = local.replica
+            if replica.closed:
+                continue
+            replica.log.enforce_retention()
+            if replica.failed is not None or not self._compacts(stream_name):
+                continue
+            job = replica.log.begin_compaction()
+            if job is None:
+                continue
+            try:
+                await loop.run_in_executor(None, job.prepare)
+                await loop.run_in_executor(None, replica.log.finish_compaction(job))
+            except OSError:
+                log.exception("%s/%s: compaction failed", stream_name, partition)
+
+    def _compacts(self, stream_name: str) -> bool:
+        if stream_name == CURSORS_STREAM:
+            return True
+        stream = self.raft.state.streams.get(stream_name)
+        settings = stream.settings if stream is not None else {}
+        return bool(settings.get("compact_enabled", self.config.streams.compact_enabled))
 
     async def _sync_partitions(self) -> None:
         for local in self.partitions.all():
@@ -110,14 +135,15 @@ class Maintenance:
             self.tasks.spawn(self._pause_idle(local, stream_name, partition), "auto-pause")
 
     def _auto_pause_settings(self, stream_name: str) -> tuple[float, bool]:
+        if stream_name == CURSORS_STREAM:
+            # As Liftbridge: the server's setting wins over the stream's, so that changing it takes
+            # effect at the next start; and never while a cursor partition is read.
+            return self.config.cursors.stream_auto_pause_time, True
         stream = self.raft.state.streams.get(stream_name)
         settings = stream.settings if stream is not None else {}
         defaults = self.config.streams
-        default_time = (
-            self.config.cursors.stream_auto_pause_time if stream_name == CURSORS_STREAM else defaults.auto_pause_time
-        )
         return (
-            settings.get("auto_pause_time", default_time),
+            settings.get("auto_pause_time", defaults.auto_pause_time),
             settings.get("auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
         )
 

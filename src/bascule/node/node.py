@@ -75,6 +75,7 @@ class Node:
         self._connecting: asyncio.Future[nats.NATS] | None = None
         self._refused_by_nats: str | None = None
         self._capture_connection: CaptureConnection | None = None
+        self._capture: CapturePath | None = None
         self._envelopes: EnvelopePublisher | None = None
         self._raft: MetadataRaft | None = None
         self._metadata: MetadataService | None = None
@@ -109,6 +110,11 @@ class Node:
     def groups(self) -> GroupCoordinator:
         assert self._groups is not None, "node not started"
         return self._groups
+
+    @property
+    def capture(self) -> CapturePath:
+        assert self._capture is not None, "node not started"
+        return self._capture
 
     @property
     def state(self) -> MetadataState:
@@ -209,9 +215,8 @@ class Node:
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
             self._metadata, self.tasks,
         )
-        self._partitions.switch_capture = CapturePath(
-            self._capture_connection, self._partitions.schedule_reconcile
-        ).switch
+        self._capture = CapturePath(self._capture_connection, self._partitions.schedule_reconcile)
+        self._partitions.switch_capture = self._capture.switch
         self._publishing = PublishPath(self._raft, self._envelopes)
         self._admin = AdminQueries(self.server_id, internal, self.subjects, self._raft, self._partitions)
         await self._partitions.start()
@@ -303,10 +308,14 @@ class Node:
         partitions = self.config.cursors.stream_partitions
         while partitions and CURSORS_STREAM not in self.state.streams:
             try:
+                # As Liftbridge's: on <ns>.cursors, compacted, auto-paused unless read.
                 await self.call(
-                    "create_stream", name=CURSORS_STREAM, subject=CURSORS_STREAM, group="",
-                    replication_factor=self.config.cursors.stream_replication_factor,
-                    partitions=partitions, settings={},
+                    "create_stream", name=CURSORS_STREAM, subject=f"{self.config.clustering.namespace}.cursors",
+                    group="", replication_factor=self.config.cursors.stream_replication_factor,
+                    partitions=partitions, settings={
+                        "compact_enabled": True, "auto_pause_time": self.config.cursors.stream_auto_pause_time,
+                        "auto_pause_disable_if_subscribers": True,
+                    },
                 )
             except MetadataError as exc:
                 if exc.code != ALREADY_EXISTS:  # else another node created it first

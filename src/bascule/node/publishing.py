@@ -13,6 +13,7 @@ from bascule.metadata.state import NOT_FOUND
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.node.capture import when_ackable
 from bascule.partition.replica import NotLeader, PartitionReplica, settle
+from bascule.partition.replication.concurrency import NO_EXPECTATION
 from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject
@@ -41,10 +42,11 @@ class PublishPath:
 
     def submit(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        on_ack: capture.AckOutcome,
+        on_ack: capture.AckOutcome, expected_offset: int = NO_EXPECTATION,
     ) -> None:
         """Append to a partition this node leads, whose messages carry ``subject``; ``on_ack``
-        gets the ack once written (committed, under ack policy ALL), or the error."""
+        gets the ack once written (committed, under ack policy ALL), or the error (IncorrectOffset:
+        the partition checks expected offsets and the record would not get ``expected_offset``)."""
         reception = time.time_ns()
         request = capture.AckRequest("", correlation_id, policy, subject)
 
@@ -61,20 +63,27 @@ class PublishPath:
             else:
                 on_ack(None, error)
 
-        replica.submit([record], written, API_WRITE_LINGER)
+        replica.submit([record], written, API_WRITE_LINGER, [expected_offset])
 
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[capture.AckRequest],
-        on_acks: capture.BurstOutcome,
+        on_acks: capture.BurstOutcome, expected_offsets: list[int] | None = None,
     ) -> None:
-        """Append the records of a burst of API publishes (``requests[i]`` asked for ``records[i]``)
-        to a partition this node leads, in one write with one callback; ``on_acks`` gets the
-        serialized PublishResponses of the acked ones, those acked on write and those acked on
-        commit in separate calls, or their indices and the error."""
+        """Append the records of a burst of API publishes (``requests[i]`` asked for ``records[i]``,
+        expecting offset ``expected_offsets[i]``) to a partition this node leads, in one write with
+        one callback; ``on_acks`` gets the serialized PublishResponses of the acked ones, those
+        acked on write and those acked on commit in separate calls, or their indices and the error.
+        A partition that checks expected offsets takes each record alone, as Liftbridge's does:
+        a record refused (IncorrectOffset) takes none of the others with it."""
+        if replica.concurrency_control and len(records) > 1:
+            for index, (record, request) in enumerate(zip(records, requests)):
+                alone = None if expected_offsets is None else expected_offsets[index:index + 1]
+                self.submit_burst(replica, subject, [record], [request], partial(_reindexed, on_acks, index), alone)
+            return
         reception = time.time_ns()
         acked = [(index, request) for index, request in enumerate(requests) if request.policy != capture.NONE]
         if not acked:
-            replica.submit(records)
+            replica.submit(records, expected=expected_offsets)
             return
 
         def ackable(first: int, group: list[tuple[int, capture.AckRequest]], _: int | None,
@@ -96,14 +105,15 @@ class PublishPath:
                     last_index, request = group[-1]
                     when_ackable(replica, request.policy, first + last_index, partial(ackable, first, group))
 
-        replica.submit(records, written, API_WRITE_LINGER)
+        replica.submit(records, written, API_WRITE_LINGER, expected_offsets)
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
+        expected_offset: int = NO_EXPECTATION,
     ) -> api_pb2.Ack:
         """``submit``, awaited."""
         acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
-        self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked))
+        self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked), expected_offset)
         return await asyncio.wait_for(acked, ACK_TIMEOUT)
 
     async def publish_to_subject(
@@ -123,6 +133,14 @@ class PublishPath:
             raise MetadataError(NOT_FOUND, "No such stream or partition")
         message = api_pb2.Message(
             key=request.key, value=request.value, headers=request.headers, ackInbox=request.ackInbox,
-            correlationId=request.correlationId, ackPolicy=request.ackPolicy,
+            correlationId=request.correlationId, ackPolicy=request.ackPolicy, offset=request.expectedOffset,
         )
         return await self.publish_to_subject(partition_subject(stream.subject, request.partition), message, wait)
+
+
+def _reindexed(
+    on_acks: capture.BurstOutcome, index: int, indices: list[int], responses: list[bytes] | None,
+    error: BaseException | None,
+) -> None:
+    """A one-record burst's outcome as the outcome of record ``index`` of the burst it came from."""
+    on_acks([index] * len(indices), responses, error)

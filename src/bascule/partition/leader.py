@@ -72,6 +72,7 @@ class LeaderEndpoint:
             return
         if len(data) <= self.max_bytes and not request.fragmentStart:
             response = replicate.encode_response(replica.leader_epoch, replica.high_watermark, data)
+            sent = len(data)
         elif len(data) > self.max_bytes and 0 <= request.fragmentStart < len(data):
             # ``data`` is one entry (reads return more than max_bytes only for a first entry that
             # alone is bigger): it goes in pieces that each fit a NATS message.
@@ -79,11 +80,13 @@ class LeaderEndpoint:
             response = replicate.encode_fragment(
                 replica.leader_epoch, replica.high_watermark, len(data), request.fragmentStart, piece
             )
+            sent = len(piece)
         else:
             log.warning("%s asked %s/%s for a piece of an entry that is not there", request.replicaID,
                         replica.stream, replica.partition)
             return
         await self.nc.publish(msg.reply, response)
+        replica.bytes_to_followers += sent
 
     async def _on_epoch_query(self, msg: Msg) -> None:
         concerning(self.replica.stream, self.replica.partition)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from bascule.partition.log import CommitLog, LogFailed
+from bascule.partition.replication.concurrency import NO_EXPECTATION, IncorrectOffset, admitted
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
 from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, record_error, stored_prefix
@@ -72,6 +73,16 @@ class SyncPolicy:
 Outcome = Callable[[int | None, BaseException | None], None]
 
 
+@dataclass(slots=True)
+class _Expecting:
+    """One submit under concurrency control: where its records start among the pending ones,
+    the offsets they expect (None: any) and its outcome."""
+
+    start: int
+    expected: Sequence[int] | None
+    on_written: Outcome | None
+
+
 class PartitionReplica:
     def __init__(
         self,
@@ -81,6 +92,7 @@ class PartitionReplica:
         sync_policy: SyncPolicy,
         clock: Callable[[], float],
         notify_followers: Callable[[PartitionReplica, list[str]], None] = lambda *_: None,
+        concurrency_control: bool = False,
     ) -> None:
         self.stream = stream
         self.partition = partition
@@ -96,10 +108,18 @@ class PartitionReplica:
         self.last_activity = clock()  # last append or leadership change, for auto-pause
         self.readers = 0  # open subscriptions, for auto-pause's "not while subscribed"
         self.received, self.pause_changes, self.readonly_changes = EventTimes(), EventTimes(), EventTimes()
+        # For the metrics endpoint: plain integers, as they count on the message paths. The log counts
+        # what is appended; what subscribers and followers get is counted where it is sent.
+        self.messages_to_subscribers = self.bytes_to_subscribers = 0
+        self.messages_to_followers = self.bytes_to_followers = 0
+        self.isr_shrinks = self.isr_expansions = 0  # members the ISR lost or gained while this replica led
         self._flags_known = False  # the first flags are the state it opened in, not a change
         self._notify_followers = notify_followers
         self._pending: list[Record] = []
         self._pending_outcomes: list[tuple[int, Outcome]] = []  # (index of a group's first record, outcome)
+        # Liftbridge's optimistic concurrency control: appends check the offsets publishers expect.
+        self.concurrency_control = concurrency_control
+        self._pending_expected: list[_Expecting] = []  # under it, one per submit: each is a group
         self._flush_scheduled = False
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
         self._sync_due = False  # records written since the last fsync began (with outcomes or not)
@@ -171,7 +191,11 @@ class PartitionReplica:
             return  # this node's metadata is behind: a follower already follows a newer leader
         now = self.clock()
         if self.leadership is not None and self.leader_epoch == leader_epoch:
+            tracker = self.leadership.tracker
+            isr_before = tracker.isr
             self.leadership.metadata_changed(isr, partition_epoch, min_isr, now)
+            self.isr_shrinks += len(isr_before - tracker.isr)
+            self.isr_expansions += len(tracker.isr - isr_before)
             self._publish_high_watermark(self.leadership)
             return
         if self.leadership is not None:
@@ -217,17 +241,27 @@ class PartitionReplica:
 
     # ---- leader: appends, fetches, acks -------------------------------------------------------
 
-    def submit(self, records: list[Record], on_written: Outcome | None = None, linger: float = 0.0) -> None:
+    def submit(
+        self, records: list[Record], on_written: Outcome | None = None, linger: float = 0.0,
+        expected: Sequence[int] | None = None,
+    ) -> None:
         """Queue records for this turn's append (or, with ``linger``, for an append that many
         records arriving one per turn share); ``on_written`` learns the offset of the first of
         them once all are written (and synced, under the ``always`` policy). A burst of captured
-        messages is one group with one outcome: a callback per message costs more than its append."""
+        messages is one group with one outcome: a callback per message costs more than its append.
+        ``expected``: the offset each record's publisher expects it to get (NO_EXPECTATION: any),
+        checked under concurrency control, where these records are appended all or none
+        (``on_written`` gets IncorrectOffset when they are not) and ignored otherwise."""
         if self._closed:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
         if self.failed is not None:
             raise self._failed_error()
         if self.tracker is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
+        if self.concurrency_control:
+            if expected is not None and len(expected) != len(records):
+                raise ValueError(f"{len(expected)} expected offsets for {len(records)} records")
+            self._pending_expected.append(_Expecting(len(self._pending), expected, on_written))
         if on_written is not None:
             self._pending_outcomes.append((len(self._pending), on_written))
         self._pending += records
@@ -242,9 +276,14 @@ class PartitionReplica:
         self._flush_scheduled = False
         records, self._pending = self._pending, []
         outcomes, self._pending_outcomes = self._pending_outcomes, []
+        expecting, self._pending_expected = self._pending_expected, []
         leadership = self.leadership
         if not records or leadership is None:
             return
+        if expecting:
+            records, outcomes = self._admitted(records, expecting)
+            if not records:
+                return
         try:
             try:
                 first, _ = self.log.append(records, self.leader_epoch)
@@ -274,6 +313,36 @@ class PartitionReplica:
             self._start_sync()
         else:
             self._written(leadership, written, self.log.next_offset)
+
+    def _admitted(
+        self, records: list[Record], expecting: list[_Expecting]
+    ) -> tuple[list[Record], list[tuple[int, Outcome]]]:
+        """Under concurrency control: the submitted groups whose expected offsets hold, in order,
+        and their outcomes; each refused group is told why. Groups the log cannot encode are
+        refused first: dropped after the check, they would move the offsets of those after them."""
+        ends = [group.start for group in expecting[1:]] + [len(records)]
+        candidates = []
+        for group, end in zip(expecting, ends):
+            run = records[group.start:end]
+            problem = next(filter(None, map(record_error, run)), None)
+            if problem is None:
+                candidates.append((run, group))
+            elif group.on_written is not None:
+                group.on_written(None, ValueError(problem))
+        verdicts = admitted(self.log.next_offset, [group.expected or [NO_EXPECTATION] * len(run)
+                                                   for run, group in candidates])
+        kept: list[Record] = []
+        kept_outcomes: list[tuple[int, Outcome]] = []
+        for (run, group), verdict in zip(candidates, verdicts):
+            if verdict:
+                if group.on_written is not None:
+                    kept_outcomes.append((len(kept), group.on_written))
+                kept += run
+            elif group.on_written is not None:
+                group.on_written(None, IncorrectOffset(
+                    f"{self.stream}/{self.partition}: expected offsets {list(group.expected or [])},"
+                    f" the log ends at {self.log.next_offset + len(kept)}"))
+        return kept, kept_outcomes
 
     def _written(self, leadership: Leadership, written: list[tuple[int, Outcome]], durable_end: int) -> None:
         """Records written in ``leadership`` are in the log (on disk, under ``always``) up to
@@ -337,8 +406,11 @@ class PartitionReplica:
             return b""
         tracker = leadership.tracker
         asked_again = tracker.asks_again(replica_id, log_end_offset)
+        fetched_before = _fetched_from(tracker, replica_id)
         if not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
             return b""
+        if fetched_before is not None and log_end_offset > fetched_before:
+            self.messages_to_followers += log_end_offset - fetched_before
         self._publish_high_watermark(leadership)
         # Only what is durable here (under ``always``) goes to followers: a follower never gets
         # ahead of what this leader counts as its own log end.
@@ -510,6 +582,7 @@ class PartitionReplica:
         for _, on_written in self._pending_outcomes + self._awaiting_sync:
             on_written(None, error)
         self._pending, self._pending_outcomes, self._awaiting_sync = [], [], []
+        self._pending_expected = []
 
     def stop(self) -> None:
         """Stop serving: writes not yet acked fail, readers wake, leadership ends. On the event
@@ -535,6 +608,14 @@ class PartitionReplica:
                 self.log.close()
             except LogFailed:
                 pass  # logged as it failed; closing a replica must close its files all the same
+
+
+def _fetched_from(tracker: IsrTracker, replica_id: str) -> int | None:
+    """Where the follower's previous fetch of this leadership started; None before its first, or for
+    a replica that is no follower. How far its next one starts past it is what it got."""
+    if replica_id == tracker.leader_id or replica_id not in tracker.replicas:
+        return None
+    return tracker.progress(replica_id).log_end_offset
 
 
 def _without_unencodable_groups(

@@ -1,11 +1,18 @@
 from collections.abc import Callable
 
-def intact_prefix(buf: bytes, first_offset: int, max_entries: int, check_crc: bool, /) -> tuple[int, int, bool]: ...
+def intact_prefix(
+    buf: bytes | memoryview, first_offset: int, max_entries: int, check_crc: bool, /
+) -> tuple[int, int, bool]: ...
 def walked_entries(
     buf: bytes | bytearray | memoryview, check_crc: bool, /
 ) -> tuple[list[tuple[int, int, int, int, int]], bool]: ...
 def encode_messages(
-    chunk: bytes, first_offset: int, max_entries: int, check_crc: bool, shared_for: Callable[[bytes, int], bytes], /
+    chunk: bytes | memoryview,
+    first_offset: int,
+    max_entries: int,
+    check_crc: bool,
+    shared_for: Callable[[bytes, int], bytes],
+    /,
 ) -> tuple[int, int, bool, bytes]: ...
 def crc32c(data: bytes, value: int = 0, /) -> int: ...
 def uses_sse42() -> bool: ...

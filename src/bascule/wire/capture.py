@@ -76,6 +76,22 @@ def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
     return batch
 
 
+def expected_offsets(deliveries: list[tuple[str, str, bytes]]) -> list[int]:
+    """The offset each captured message expects to get, for optimistic concurrency control: a
+    Publish envelope's Message offset; 0 for anything else (a malformed envelope included, stored
+    as a plain value), as Liftbridge counts a plain message."""
+    return [_expected_offset(payload) for _, _, payload in deliveries]
+
+
+def _expected_offset(payload: bytes) -> int:
+    if envelope.is_envelope(payload):
+        try:
+            return envelope.decode_message(payload, envelope.MsgType.PUBLISH, api_pb2.Message).offset
+        except envelope.EnvelopeError:
+            pass
+    return 0
+
+
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
@@ -132,6 +148,17 @@ def ack_message(
         receptionTimestamp=reception_ns,
         commitTimestamp=commit_ns,
     )
+
+
+def encode_refusal(
+    stream: str, partition_subject: str, request: AckRequest, error: api_pb2.Ack.Error,
+    reception_ns: int, commit_ns: int,
+) -> tuple[str, bytes]:
+    """(inbox, enveloped Ack) telling a publisher its message was refused with ``error``, as
+    Liftbridge acks a refusal: with no offset."""
+    ack = ack_message(stream, partition_subject, 0, request, reception_ns, commit_ns)
+    ack.ackError = error
+    return request.inbox, envelope.encode_message(ack, envelope.MsgType.ACK)
 
 
 def encode_acks(

@@ -52,7 +52,8 @@ _MAX_UINT64 = (1 << 64) - 1
 
 WalkedEntry = tuple[int, int, int, int, int]  # what scan() yields: offset, leader epoch, timestamp, start, end
 # A reader's walk over stored bytes (``stored_prefix``, Subscribe's ``MessageEncoder.walk``):
-# (bytes, first offset, max entries, check CRC) -> (length, count, error, what it makes of them).
+# (bytes, first offset, max entries, check CRC) -> (length, reach, error, what it makes of them),
+# as ``intact_prefix`` walks them: offsets rise, maybe with gaps; ``max entries`` bounds the offsets.
 EntryWalk = Callable[[bytes, int, int, bool], tuple[int, int, "CorruptEntry | None", bytes]]
 
 
@@ -226,21 +227,73 @@ def walked_prefix(buf: bytes | bytearray | memoryview, check_crc: bool = True) -
 def intact_prefix(
     buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
 ) -> tuple[int, int, CorruptEntry | None]:
-    """(length, count, error) of the whole, intact entries at the start of ``buf`` that continue
-    from ``first_offset``, at most ``max_entries``; ``error`` says why they stop before the end
-    of ``buf`` (a torn or damaged entry, or one out of sequence), None otherwise. What ``scan``
-    does, in one loop without a generator: the log runs it on every read (in C when built)."""
+    """(length, reach, error) of the whole, intact entries at the start of ``buf`` whose offsets
+    rise from ``first_offset`` and stay below ``first_offset + max_entries``. Offsets may skip
+    (a compacted log has gaps) but never go back. ``reach`` is how many offsets from
+    ``first_offset`` the entries account for: up to the last one's, or ``max_entries`` when the
+    next entry is at or past that limit. ``error`` says why they stop before the end of ``buf``
+    (a torn or damaged entry, one out of order), None otherwise. The log runs it on every read."""
+    length, reach, error, _ = across_gaps(consecutive_prefix, buf, first_offset, max_entries, check_crc)
+    return length, reach, error
+
+
+# One run of consecutive entries from byte ``start`` of a buffer: (bytes, start, first offset,
+# max entries, check CRC) -> (end, count, error, what the reader makes of them).
+ConsecutiveRun = Callable[[bytes, int, int, int, bool], tuple[int, int, "CorruptEntry | None", bytes]]
+
+
+def across_gaps(
+    run: ConsecutiveRun, buf: bytes, first_offset: int, max_entries: int, check_crc: bool
+) -> tuple[int, int, CorruptEntry | None, bytes]:
+    """``run`` over each stretch of consecutive offsets in ``buf``, stepping over the gaps that
+    compaction leaves between them: (length, reach, error, made), as ``intact_prefix`` says. An
+    entry past a gap is taken only once it is found whole (and intact, with ``check_crc``): a
+    damaged offset must not pass for a gap."""
+    limit = first_offset + max_entries
+    position, expected, made = 0, first_offset, []
+    while True:
+        position, count, error, part = run(buf, position, expected, limit - expected, check_crc)
+        made.append(part)
+        expected += count
+        if error is None:
+            reach = max_entries if expected >= limit else expected - first_offset
+            return position, reach, None, made[0] if len(made) == 1 else b"".join(made)
+        after_gap = _offset_after_gap(run, buf, position, expected, check_crc)
+        if after_gap is None or after_gap >= limit:
+            reach = expected - first_offset if after_gap is None else max_entries
+            return position, reach, error if after_gap is None else None, b"".join(made)
+        expected = after_gap
+
+
+def _offset_after_gap(run: ConsecutiveRun, buf: bytes, position: int, expected: int, check_crc: bool) -> int | None:
+    """The offset of the entry at ``position`` if it is past ``expected`` and whole; else None."""
+    if len(buf) - position < HEADER_SIZE:
+        return None
+    offset = ENTRY_HEADER.unpack_from(buf, position)[0]
+    if offset <= expected or run(buf, position, offset, 1, check_crc)[1] != 1:
+        return None
+    return offset
+
+
+def consecutive_prefix(
+    buf: bytes, start: int, first_offset: int, max_entries: int, check_crc: bool = True
+) -> tuple[int, int, CorruptEntry | None, bytes]:
+    """(end, count, error, b"") of the whole, intact entries from byte ``start`` of ``buf`` at
+    consecutive offsets from ``first_offset``, at most ``max_entries``: in C when built."""
     if native is None:
-        return intact_prefix_python(buf, first_offset, max_entries, check_crc)
-    length, count, stopped = native.intact_prefix(buf, first_offset, max_entries, check_crc)
-    return length, count, entry_error(buf, length, first_offset + count) if stopped else None
+        return *intact_prefix_python(buf, first_offset, max_entries, check_crc, start), b""
+    view = buf if not start else memoryview(buf)[start:]
+    length, count, stopped = native.intact_prefix(view, first_offset, max_entries, check_crc)
+    end = start + length
+    return end, count, entry_error(buf, end, first_offset + count) if stopped else None, b""
 
 
 def intact_prefix_python(
-    buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
+    buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True, start: int = 0
 ) -> tuple[int, int, CorruptEntry | None]:
-    """``intact_prefix`` as a Python loop: the C module's reference, and its stand-in."""
-    unpack, size, position, count, expected = ENTRY_HEADER.unpack_from, len(buf), 0, 0, first_offset
+    """One run of consecutive entries (``consecutive_prefix``) as a Python loop: the C module's
+    reference, and its stand-in."""
+    unpack, size, position, count, expected = ENTRY_HEADER.unpack_from, len(buf), start, 0, first_offset
     while position < size and count < max_entries:
         if size - position < HEADER_SIZE:
             return position, count, entry_error(buf, position, expected)
@@ -258,8 +311,8 @@ def stored_prefix(
     buf: bytes, first_offset: int, max_entries: int, check_crc: bool = True
 ) -> tuple[int, int, CorruptEntry | None, bytes]:
     """``intact_prefix`` as an ``EntryWalk``: the entries' own bytes."""
-    length, count, error = intact_prefix(buf, first_offset, max_entries, check_crc)
-    return length, count, error, buf if length == len(buf) else buf[:length]
+    length, reach, error = intact_prefix(buf, first_offset, max_entries, check_crc)
+    return length, reach, error, buf if length == len(buf) else buf[:length]
 
 
 def entry_error(buf: bytes, position: int, expected_offset: int) -> CorruptEntry:

@@ -22,6 +22,7 @@ from bascule.wire.entry import (
     HEADER_SIZE,
     KEY_AND_VALUE_LENGTHS,
     CorruptEntry,
+    across_gaps,
     decode_header_block,
     entry_error,
     native,
@@ -78,20 +79,28 @@ class MessageEncoder:
     def walk(
         self, chunk: bytes, first_offset: int, max_entries: int, check_crc: bool = True
     ) -> tuple[int, int, CorruptEntry | None, bytes]:
-        """(length, count, error, framed): the whole, intact entries at the start of the stored
-        ``chunk`` that continue from ``first_offset``, at most ``max_entries``, as
-        ``intact_prefix`` finds them, and their framed Messages. A log reads through it
-        (``CommitLog.read_through``): one walk that checks and encodes each entry, in C when
-        built; the C loop stops before any entry it does not pass, and this one says why."""
+        """(length, reach, error, framed): the whole, intact entries at the start of the stored
+        ``chunk`` that ``intact_prefix`` takes from ``first_offset`` (across the gaps of a
+        compacted log) and how far they reach, and their framed Messages. A log reads through it
+        (``CommitLog.read_through``): one walk that checks and encodes each entry."""
+        return across_gaps(self.walk_consecutive, chunk, first_offset, max_entries, check_crc)
+
+    def walk_consecutive(
+        self, chunk: bytes, start: int, first_offset: int, max_entries: int, check_crc: bool = True
+    ) -> tuple[int, int, CorruptEntry | None, bytes]:
+        """(end, count, error, framed) of one run of entries at consecutive offsets from byte
+        ``start``, in C when built; the C loop stops before any entry it does not pass, and the
+        Python loop says why."""
         if native is None:
-            return self.walk_python(chunk, first_offset, max_entries, check_crc)
+            return self.walk_python(chunk, first_offset, max_entries, check_crc, start)
+        view = chunk if not start else memoryview(chunk)[start:]
         length, count, stopped, framed = native.encode_messages(
-            chunk, first_offset, max_entries, check_crc, self._shared_fields_of
+            view, first_offset, max_entries, check_crc, self._shared_fields_of
         )
         if not stopped:
-            return length, count, None, framed
+            return start + length, count, None, framed
         end, more_count, error, more_framed = self.walk_python(
-            chunk, first_offset + count, max_entries - count, check_crc, start=length
+            chunk, first_offset + count, max_entries - count, check_crc, start=start + length
         )
         return end, count + more_count, error, framed + more_framed
 
@@ -101,8 +110,8 @@ class MessageEncoder:
     def walk_python(
         self, chunk: bytes, first_offset: int, max_entries: int, check_crc: bool = True, start: int = 0
     ) -> tuple[int, int, CorruptEntry | None, bytes]:
-        """``walk`` as a Python loop, from byte ``start`` of ``chunk``: the C module's reference,
-        and its stand-in."""
+        """``walk_consecutive`` as a Python loop, from byte ``start`` of ``chunk``: the C module's
+        reference, and its stand-in."""
         # Per entry, as few Python operations as the format allows: this loop is Subscribe's cost.
         # Each Message goes out as pieces for one join (no concatenation per entry): the gRPC prefix,
         # the offset field, the value's tag and length, the value, and the fields shared with

@@ -27,8 +27,10 @@ from types import TracebackType
 from typing import NoReturn
 
 from bascule import durable
-from bascule.partition.log import checkpoint
+from bascule.partition.log import checkpoint, compaction
+from bascule.partition.log.compaction import CompactionJob, SealedSegment
 from bascule.partition.log.epochs import EpochHistory
+from bascule.partition.log.fsync_times import fsync_seconds
 from bascule.partition.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -133,7 +135,9 @@ class _TrackedEpochHistory(EpochHistory):
 
 
 class CommitLog:
-    """Append-only log of entries at consecutive offsets, split into segment files."""
+    """Append-only log of entries at rising offsets, split into segment files. Appends as leader
+    take consecutive offsets; compaction (and a follower storing its leader's compacted log) leaves
+    gaps, which every read steps over."""
 
     def __init__(
         self,
@@ -157,6 +161,14 @@ class CommitLog:
         self._failure: LogFailed | None = None
         self._damaged_from: int | None = None
         self._damage_cut_off = False  # the damaged entries are out of the log, only missing
+        # Changed by whatever changes the sealed segments (truncation, retention, compaction): a
+        # compaction prepared in a thread is swapped in only if it did not change meanwhile.
+        self._layout = 0
+        self._cleaned_to = 0  # see compaction.read_cleaned_to
+        self._compacted_at: tuple[int, int, int] | None = None  # (layout, HW, segments) of the last compaction
+        # What was appended (as leader or follower) since the log was opened, for the metrics.
+        self.appended_entries = 0
+        self.appended_bytes = 0
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -167,6 +179,7 @@ class CommitLog:
         """Open (or create) the log in ``path``, recovering from a crash if there was one."""
         directory = Path(path)
         durable.make_private_directories(directory)
+        compaction.recover(directory)
         base_offsets = _discover_segments(directory)
         interval = config.index_interval_bytes
         if base_offsets:
@@ -180,6 +193,9 @@ class CommitLog:
             segments = [Segment.create(directory, 0, interval)]
             tail = None
         log = cls(directory, config, clock, segments)
+        log._cleaned_to = compaction.read_cleaned_to(directory)
+        for segment in segments[:-1]:
+            segment.may_end_early = segment.next_offset <= log._cleaned_to
         log._directory_unsynced = not base_offsets
         log._last_timestamp = log._timestamp_of_last_entry()
         log._load_epochs()
@@ -206,9 +222,10 @@ class CommitLog:
         self._epochs = history
 
     def _checked(self, saved: checkpoint.EpochCheckpoint) -> tuple[_TrackedEpochHistory, int] | None:
-        """``saved`` trimmed to the offsets it covers, and the end of those; None unless every
-        epoch run in it starts and ends with entries of that epoch (epochs never decrease along
-        a log, so the whole run is then of it)."""
+        """``saved`` trimmed to the offsets it covers, and the end of those; None unless the first
+        and the last entry of every epoch run in it are of that epoch (epochs never decrease along
+        a log, so the whole run is then of it). A run that compaction left without entries has
+        nothing to contradict it."""
         end_offset = min(saved.end_offset if saved.end_offset is not None else self.next_offset, self.next_offset)
         if end_offset <= self.oldest_offset:
             return _TrackedEpochHistory([]), self.oldest_offset
@@ -221,20 +238,47 @@ class CommitLog:
         ends = [start for _, start in runs[1:]] + [end_offset]
         try:
             for (epoch, start), end in zip(runs, ends):
-                if self._epoch_of_entry(start) != epoch or self._epoch_of_entry(end - 1) != epoch:
+                first = self._first_entry_from(start)
+                if first is None or first[0] >= end:
+                    continue
+                last = self._last_entry_before(end)
+                if first[1] != epoch or last is None or last[1] != epoch:
                     return None
         except (OSError, ValueError):
             return None
         return history, end_offset
 
-    def _epoch_of_entry(self, offset: int) -> int:
-        return self._segments[self._segment_index_for(offset)].epoch_of_entry(offset)
+    def _first_entry_from(self, offset: int) -> tuple[int, int] | None:
+        """(offset, epoch) of the first entry at or after ``offset``."""
+        for segment in self._segments[self._segment_index_for(offset):]:
+            found = segment.first_entry_from(max(offset, segment.base_offset))
+            if found is not None:
+                return found
+        return None
+
+    def _last_entry_before(self, offset: int) -> tuple[int, int] | None:
+        """(offset, epoch) of the last entry below ``offset``."""
+        for segment in reversed(self._segments[: self._segment_index_for(offset - 1) + 1]):
+            found = segment.last_entry_before(offset)
+            if found is not None:
+                return found
+        return None
 
     def _epoch_starts_from(self, offset: int) -> Iterator[tuple[int, int]]:
+        """(epoch, start) of each epoch the entries from ``offset`` on begin, read from them. An
+        epoch whose first entry follows a gap is taken to start right after the entry before it:
+        the gap's offsets may have been of either epoch, and of the two, the earlier start is the
+        safe answer to a follower asking where the epoch before ended (it truncates more, never
+        keeps an entry this log lacks)."""
         if offset >= self.next_offset:
             return
+        current, start = None, offset
         for segment in self._segments[self._segment_index_for(offset):]:
-            yield from segment.epoch_starts(max(offset, segment.base_offset))
+            for entry_offset, epoch in segment.entry_epochs(max(offset, segment.base_offset)):
+                if epoch != current:
+                    yield epoch, start
+                    current = epoch
+                start = entry_offset + 1
 
     def _load_high_watermark(self) -> None:
         saved = checkpoint.read_high_watermark(self.directory)
@@ -373,8 +417,10 @@ class CommitLog:
     def append_raw(self, data: bytes, walked: list[WalkedEntry] | None = None) -> int:
         """Append as follower: entries encoded by the leader, stored byte for byte.
 
-        They must be intact and continue exactly from ``next_offset``; otherwise nothing is
-        appended (CorruptEntry, ValueError). Returns the new ``next_offset``. ``walked`` is
+        They must be intact, at rising offsets from ``next_offset`` on (the gaps of a leader's
+        compacted log are stored as they are); otherwise nothing is appended (CorruptEntry,
+        ValueError). A new epoch after a gap starts where the gap does (see
+        ``_epoch_starts_from``). Returns the new ``next_offset``. ``walked`` is
         ``list(scan(data))`` when the caller already has it (checked), saving a second pass.
         """
         self._check_not_failed()
@@ -383,7 +429,7 @@ class CommitLog:
         latest_epoch = self._epochs.latest_epoch
         epoch_starts = []
         for offset, epoch, _, _, _ in entries:
-            if offset != expected_offset:
+            if offset < expected_offset:
                 raise ValueError(
                     f"entry offset {offset} does not continue the log at {expected_offset}"
                 )
@@ -392,9 +438,9 @@ class CommitLog:
                     f"entry {offset} has leader epoch {epoch}, older than the log's {latest_epoch}"
                 )
             if epoch > latest_epoch:
-                epoch_starts.append((epoch, offset))
+                epoch_starts.append((epoch, expected_offset))
                 latest_epoch = epoch
-            expected_offset += 1
+            expected_offset = offset + 1
         if entries:
             self._write(bytes(data), entries, epoch_starts)
         return self.next_offset
@@ -411,10 +457,12 @@ class CommitLog:
         """All or nothing: an OSError leaves the log as it was (the segment cuts off what part of
         the write reached it), so a writer may retry without duplicating entries."""
         try:
-            self._roll_if_due(len(data), len(entries))
+            self._roll_if_due(len(data), entries[-1][0] + 1 - self.next_offset)
             self._active.append(data, entries)
         except PartialWriteLeft as error:
             self._raise_failure("cutting off a failed append", error)
+        self.appended_entries += len(entries)
+        self.appended_bytes += len(data)
         for epoch, start_offset in epoch_starts:
             self._epochs.assign(epoch, start_offset)
         self._last_timestamp = max(self._last_timestamp, entries[-1][2])
@@ -423,12 +471,12 @@ class CommitLog:
             logger.info("%s holds offset %d again: its damage is repaired", self.directory, damaged_from)
             self._damaged_from = None
 
-    def _roll_if_due(self, incoming_bytes: int, incoming_entries: int) -> None:
+    def _roll_if_due(self, incoming_bytes: int, incoming_offsets: int) -> None:
         active = self._active
         if active.is_empty:
             return
         too_big = active.size + incoming_bytes > self.config.segment_max_bytes
-        too_many = active.next_offset - active.base_offset + incoming_entries > _MAX_SEGMENT_ENTRIES
+        too_many = active.next_offset - active.base_offset + incoming_offsets > _MAX_SEGMENT_ENTRIES
         max_age_ns = int(self.config.segment_max_age * _NS_PER_SECOND)
         first_timestamp = active.first_timestamp
         too_old = max_age_ns > 0 and first_timestamp is not None and self._clock() - first_timestamp >= max_age_ns
@@ -441,7 +489,8 @@ class CommitLog:
     # --- reading ---------------------------------------------------------------------------
 
     def read_raw(self, offset: int, max_bytes: int, check_crc: bool = True, max_entries: int = sys.maxsize) -> bytes:
-        """Stored bytes of whole entries from ``offset``: at least one entry even if it is
+        """Stored bytes of whole entries from ``offset`` (or from the first entry after it, when
+        compaction removed it) below ``offset + max_entries``: at least one entry even if it is
         bigger than ``max_bytes``, b"" at the end of the log. Every entry is CRC-checked: the
         bytes stop before a damaged entry, and reading from one raises CorruptEntry.
         ``check_crc=False`` is for bytes whose receiver checks them (replication)."""
@@ -451,13 +500,14 @@ class CommitLog:
         self, offset: int, max_bytes: int, max_entries: int = sys.maxsize, walk: EntryWalk = stored_prefix
     ) -> tuple[bytes, int]:
         """What ``walk`` makes of the entries ``read_raw`` would return (CRC-checked by the walk
-        itself), and how many they are: one pass over each entry for a reader that turns them
-        into something else (Subscribe's Messages)."""
+        itself), and how many offsets from ``offset`` they account for (the next read starts that
+        far on: past the gaps too): one pass over each entry for a reader that turns them into
+        something else (Subscribe's Messages)."""
         return self._read_raw(offset, max_bytes, max_entries, walk=walk)
 
     def read(self, offset: int, max_entries: int = 1000, max_bytes: int = 1 << 20) -> list[Entry]:
-        """Decoded entries from ``offset``: at most ``max_entries``, and at most ``max_bytes``
-        of stored bytes unless the first entry alone is bigger."""
+        """Decoded entries from ``offset`` below ``offset + max_entries`` (fewer where compaction
+        left gaps), at most ``max_bytes`` of stored bytes unless the first entry alone is bigger."""
         return decode_entries(self._read_raw(offset, max_bytes, max_entries)[0], check_crc=False)
 
     def _read_raw(
@@ -548,6 +598,7 @@ class CommitLog:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         self._check_not_failed()
         if offset < self.next_offset:
+            self._layout += 1
             try:
                 self._truncate_segments(offset)
             except OSError as error:
@@ -577,6 +628,7 @@ class CommitLog:
         if offset < 0:
             raise ValueError(f"cannot restart at negative offset {offset}")
         self._check_not_failed()
+        self._layout += 1
         try:
             for segment in self._segments:
                 segment.delete()
@@ -614,11 +666,91 @@ class CommitLog:
             logger.info("retention deleted %s", segment.log_path)
         del self._segments[:count]
         if count:
+            self._layout += 1
             self._directory_unsynced = True
-            self._epochs.truncate_from_start(self.oldest_offset)
-            if self._damaged_from is not None and self._damaged_from < self.oldest_offset:
-                self._damaged_from = None
+            self._forget_below_oldest()
         return count
+
+    def _forget_below_oldest(self) -> None:
+        self._epochs.truncate_from_start(self.oldest_offset)
+        if self._damaged_from is not None and self._damaged_from < self.oldest_offset:
+            self._damaged_from = None
+
+    # --- compaction ------------------------------------------------------------------------
+
+    def begin_compaction(self) -> CompactionJob | None:
+        """A compaction of the sealed segments below the high watermark (see ``compaction``), for
+        its ``prepare`` to run in a thread and ``finish_compaction`` to swap in; None when there is
+        nothing new to compact (no sealed segment, or nothing committed since the last one)."""
+        if self._failure is not None or self._closed or len(self._segments) < 2:
+            return None
+        if self._compacted_at == (self._layout, self._high_watermark, len(self._segments)):
+            return None
+        active = self._active
+        return CompactionJob(
+            self.directory,
+            [SealedSegment(s.base_offset, s.next_offset, s.may_end_early) for s in self._segments[:-1]],
+            active.base_offset,
+            active.size,
+            self._high_watermark,
+            self.config.index_interval_bytes,
+            self._cleaned_to,
+            self._layout,
+        )
+
+    def finish_compaction(self, job: CompactionJob) -> Callable[[], None]:
+        """Swap in what ``job`` prepared, unless the log changed meanwhile (then it is discarded);
+        returns the directory's fsync, to run in a thread. A rename that fails fails the log."""
+        if self._failure is not None or self._closed or job.layout != self._layout:
+            job.discard()
+            return _nothing_to_sync
+        self._cleaned_to = job.cleaned_to
+        by_base = {segment.base_offset: segment for segment in self._segments}
+        try:
+            for rewrite in job.rewrites:
+                self._swap_in(job, rewrite, by_base[rewrite.base_offset])
+        except OSError as error:
+            self._raise_failure("swapping in a compacted segment", error)
+        self._compacted_at = self._layout + bool(job.rewrites), job.high_watermark, len(job.segments) + 1 - sum(
+            rewrite.emptied for rewrite in job.rewrites
+        )
+        if not job.rewrites:
+            return _nothing_to_sync
+        self._layout += 1
+        self._directory_unsynced = True
+        self._forget_below_oldest()
+        logger.info(
+            "compacted %s: %d entries removed from %d segments",
+            self.directory, sum(rewrite.removed for rewrite in job.rewrites), len(job.rewrites),
+        )
+        directory = self.directory
+
+        def sync_directory() -> None:
+            try:
+                durable.sync_directory(directory)
+            except OSError as error:
+                self._raise_failure("fsync of the directory after compaction", error)
+
+        return sync_directory
+
+    def _swap_in(self, job: CompactionJob, rewrite: compaction.Rewrite, old: Segment) -> None:
+        position = self._segments.index(old)
+        if rewrite.emptied:
+            old.delete()
+            del self._segments[position]
+            if position > 0:
+                previous = self._segments[position - 1]
+                previous.next_offset, previous.may_end_early = rewrite.next_offset, True
+            return
+        base = rewrite.base_offset
+        swap = job.swap_log(base)
+        os.rename(job.cleaned_log(base), swap)  # the commit point: see compaction.recover
+        os.rename(job.cleaned_index(base), old.index_path)
+        os.rename(swap, old.log_path)
+        old.close()
+        compacted = Segment.open_sealed(self.directory, base, rewrite.next_offset, self.config.index_interval_bytes)
+        compacted.may_end_early = True
+        self._segments[position] = compacted
 
     def _expired_by_age(self) -> int:
         max_age_ns = int(self.config.retention_max_age * _NS_PER_SECOND)
@@ -662,6 +794,7 @@ class CommitLog:
         epochs = self._epochs_to_checkpoint()
 
         def run() -> None:
+            started = time.monotonic()
             try:
                 for fd in fds:
                     os.fsync(fd)
@@ -672,6 +805,8 @@ class CommitLog:
             finally:
                 for fd in fds:
                     os.close(fd)
+            if fds or directory is not None:
+                fsync_seconds.observe(time.monotonic() - started)
             self._check_not_failed()
             if epochs is not None:
                 self._checkpoint_epochs(*epochs)
@@ -715,6 +850,10 @@ class CommitLog:
         finally:
             for segment in self._segments:
                 segment.close()
+
+
+def _nothing_to_sync() -> None:
+    pass
 
 
 def _monotonic(records: Sequence[Record], now: int, previous: int) -> Sequence[Record]:

@@ -2,6 +2,12 @@
 
 Appends go through os.write on an O_APPEND descriptor and reads through os.pread, so whatever
 was appended is visible to the next read at once, with no buffers to flush.
+
+Offsets rise along a segment but may skip: compaction removes entries and keeps the others'
+offsets, and a follower stores the gaps its leader's log has. A read from an offset that is not
+there starts at the next one. Only a segment known to end in a gap (compacted, or cut inside one)
+may end before its ``next_offset`` (``may_end_early``): elsewhere a missing tail is damage (a crash
+lost unsynced entries).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ BASE_OFFSET_DIGITS = 20
 # Enough to reach any entry from its index point in one read when entries are small.
 _LOCATE_CHUNK = 16 * 1024
 _WALK_CHUNK = 1024 * 1024
+_MAX_RELATIVE_OFFSET = 0xFFFFFFFF  # index points hold an offset relative to the base as uint32
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,9 @@ class Segment:
         self.index_path = directory / (segment_name(base_offset) + INDEX_SUFFIX)
         self.interval_bytes = interval_bytes
         self.unsynced = False
+        # Whether entries may be missing from the end (the segment was compacted, or truncated in a
+        # gap): then a read past its last entry goes on in the next segment instead of failing.
+        self.may_end_early = False
         # Opened on first use, so that old segments nobody reads hold no file descriptors.
         self._open_log_fd: int | None = None
         self._open_index_fd: int | None = None
@@ -361,6 +371,9 @@ class Segment:
         self._rewrite_index_file()
         self._first_timestamp = None
         self._last_timestamp = None
+        last = self.last_entry_before(offset)
+        if (self.base_offset if last is None else last[0] + 1) < offset:
+            self.may_end_early = True  # cut in a gap: its last entry is before the cut
 
     def take_unsynced(self) -> list[int]:
         """Duplicates of the file descriptors to fsync, for a sync running in another thread (a
@@ -397,9 +410,10 @@ class Segment:
         check_crc: bool = True,
         walk: EntryWalk = stored_prefix,
     ) -> tuple[bytes, int, int]:
-        """(made, count, length): what ``walk`` makes of the whole, CRC-checked entries from
-        ``offset`` within the limits (their own bytes by default), how many they are and their
-        stored length.
+        """(made, reach, length): what ``walk`` makes of the whole, CRC-checked entries from
+        ``offset`` (or the first one after it) below ``offset + max_entries`` within the byte
+        limit (their own bytes by default), how many offsets from ``offset`` they account for
+        (see ``intact_prefix``: the whole segment's, once read to its end) and their stored length.
 
         ``at_least_one`` takes the first entry even when it is bigger than ``max_bytes``.
         The entries stop before a damaged one; if that is the first, CorruptEntry is raised
@@ -411,10 +425,12 @@ class Segment:
         if at_least_one:
             wanted = min(max(wanted, self._entry_size_at(position)), available)
         chunk = os.pread(self._log_fd, wanted, position)
-        length, count, error, walked = walk(chunk, offset, max_entries, check_crc)
-        if error is not None and at_least_one and not count and not self._cut_by_read_limit(chunk, length, position):
+        length, reach, error, walked = walk(chunk, offset, max_entries, check_crc)
+        if error is not None and at_least_one and not length and not self._cut_by_read_limit(chunk, length, position):
             raise CorruptEntry(f"{self.log_path}, byte {position}: {error}") from error
-        return walked, count, length
+        if error is None and position + length == self.size and self.may_end_early:
+            reach = min(self.next_offset - offset, max_entries)  # the offsets after its last entry are gone
+        return walked, reach, length
 
     def _cut_by_read_limit(self, chunk: bytes, good_length: int, position: int) -> bool:
         """Whether the entry after ``good_length`` only looks torn because the read stopped."""
@@ -433,7 +449,8 @@ class Segment:
         return HEADER_SIZE + ENTRY_HEADER.unpack(header)[3]
 
     def locate(self, offset: int) -> int:
-        """Byte position of the entry at ``offset`` (or the end, for ``next_offset``)."""
+        """Byte position of the entry at ``offset``, or of the first one after it if compaction
+        removed it (the end, for ``next_offset`` or past the last entry of a compacted segment)."""
         if offset == self.next_offset:
             return self.size
         try:
@@ -445,30 +462,30 @@ class Segment:
 
     def _locate_from_index(self, offset: int) -> int:
         relative_offset, position = self.index.floor(offset - self.base_offset)
-        expected_offset = self.base_offset + relative_offset
+        lowest_offset = self.base_offset + relative_offset  # an index point's entry has exactly its offset
         at_index_point = position > 0
         while position < self.size:
             chunk = os.pread(self._log_fd, min(_LOCATE_CHUNK, self.size - position), position)
             walked = 0
             while walked + HEADER_SIZE <= len(chunk):
                 entry_offset, _, _, body_size, _ = ENTRY_HEADER.unpack_from(chunk, walked)
-                if entry_offset != expected_offset:
-                    if at_index_point:
-                        raise _MisplacedIndexPoint(
-                            f"point for offset {expected_offset} lands on offset {entry_offset}"
-                        )
+                if at_index_point and entry_offset != lowest_offset:
+                    raise _MisplacedIndexPoint(f"point for offset {lowest_offset} lands on offset {entry_offset}")
+                if entry_offset < lowest_offset:
                     raise CorruptEntry(
-                        f"{self.log_path}, byte {position + walked}: expected offset "
-                        f"{expected_offset}, found {entry_offset}"
+                        f"{self.log_path}, byte {position + walked}: offset {entry_offset} after "
+                        f"offset {lowest_offset - 1}"
                     )
-                if entry_offset == offset:
+                if entry_offset >= offset:
                     return position + walked
                 at_index_point = False
                 walked += HEADER_SIZE + body_size
-                expected_offset += 1
+                lowest_offset = entry_offset + 1
             if walked == 0:
                 break
             position += walked
+        if position == self.size and self.may_end_early:
+            return position
         raise CorruptEntry(f"{self.log_path}: no entry for offset {offset}")
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
@@ -509,44 +526,54 @@ class Segment:
     def first_damaged_offset(self, until_offset: int | None = None) -> int | None:
         """The first offset of this segment whose entry is damaged or missing, found by
         CRC-checking every entry from the start (up to ``until_offset``); None if all are whole."""
-        expected_offset = self.base_offset
-        for offset, _, _, _, _ in self._walk(0, self.base_offset, check_crc=True):
-            expected_offset = offset + 1
+        expected_offset, walked_to = self.base_offset, 0
+        for offset, _, _, _, end in self._walk(0, self.base_offset, check_crc=True):
+            expected_offset, walked_to = offset + 1, end
             if until_offset is not None and expected_offset > until_offset:
                 return None
+        if walked_to == self.size and self.may_end_early:
+            return None
         return expected_offset if expected_offset < self.next_offset else None
 
-    def epoch_starts(self, from_offset: int) -> Iterator[tuple[int, int]]:
-        """(epoch, first offset) of every run of one epoch from ``from_offset`` on, read from the
-        entry headers."""
+    def entry_epochs(self, from_offset: int) -> Iterator[tuple[int, int]]:
+        """(offset, leader epoch) of every entry from ``from_offset`` on, read from the headers."""
         try:
             position, first_offset = self.locate(from_offset), from_offset
         except CorruptEntry:  # the damaged entries are reported when read; here, the walk stops at them
             position, first_offset = 0, self.base_offset
-        current_epoch = None
         for offset, epoch, _, _, _ in self._walk(position, first_offset, check_crc=False):
-            if offset < from_offset:
-                continue
-            if epoch != current_epoch:
-                current_epoch = epoch
-                yield epoch, offset
+            if offset >= from_offset:
+                yield offset, epoch
 
-    def epoch_of_entry(self, offset: int) -> int:
-        """The leader epoch in the header of the entry at ``offset``; ValueError if there is no
-        whole header of that entry there."""
-        header = os.pread(self._log_fd, HEADER_SIZE, self.locate(offset))
+    def first_entry_from(self, offset: int) -> tuple[int, int] | None:
+        """(offset, leader epoch) of the first entry at or after ``offset``, None if the segment
+        has none; ValueError if there is no whole header there."""
+        position = self.locate(offset)
+        if position == self.size:
+            return None
+        header = os.pread(self._log_fd, HEADER_SIZE, position)
         if len(header) < HEADER_SIZE:
-            raise ValueError(f"no entry {offset} in {self.log_path}")
-        entry_offset, epoch = offset_and_epoch(header)
-        if entry_offset != offset:
-            raise ValueError(f"entry {entry_offset} found where {offset} belongs in {self.log_path}")
-        return epoch
+            raise ValueError(f"no whole entry at byte {position} of {self.log_path}")
+        return offset_and_epoch(header)
+
+    def last_entry_before(self, offset: int) -> tuple[int, int] | None:
+        """(offset, leader epoch) of the last entry below ``offset``, None if the segment has none."""
+        if offset <= self.base_offset:
+            return None
+        relative_offset, position = self.index.floor(offset - 1 - self.base_offset)
+        last = None
+        for entry_offset, epoch, _, _, _ in self._walk(position, self.base_offset + relative_offset, check_crc=False):
+            if entry_offset >= offset:
+                break
+            last = entry_offset, epoch
+        return last
 
     def _walk(
         self, position: int, expected_offset: int, check_crc: bool, chunk_size: int = _WALK_CHUNK
     ) -> Iterator[WalkedEntry]:
-        """Entries from ``position`` to the end, stopping quietly at the first torn, damaged or
-        out-of-sequence one; positions are in the file."""
+        """Entries from ``position`` to the end, the first at ``expected_offset`` or after it,
+        stopping quietly at the first torn, damaged or out-of-order one (or one too far from the
+        base for the index); positions are in the file."""
         while position < self.size:
             first_entry_size = self._entry_size_at(position)
             chunk = os.pread(
@@ -555,10 +582,10 @@ class Segment:
             consumed = 0
             try:
                 for offset, epoch, timestamp, start, end in scan(chunk, check_crc=check_crc):
-                    if offset != expected_offset:
+                    if not expected_offset <= offset <= self.base_offset + _MAX_RELATIVE_OFFSET:
                         return
                     yield offset, epoch, timestamp, position + start, position + end
-                    expected_offset += 1
+                    expected_offset = offset + 1
                     consumed = end
             except CorruptEntry:
                 pass  # a torn entry at the chunk's end is read whole next time round

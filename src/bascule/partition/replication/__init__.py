@@ -67,6 +67,13 @@ Modules and their API
       [IsrRequest(replica_id, add, leader_epoch, partition_epoch)]``,
       ``.isr_request_done(request, IsrOutcome.ACCEPTED/REFUSED/UNKNOWN)``.
 
+``concurrency`` (Liftbridge's optimistic concurrency control)
+    - ``admitted(next_offset, groups) -> list[bool]``: which groups of records (each a list of
+      expected offsets, ``NO_EXPECTATION`` = -1 for any) the leader appends, in order, all or none
+      each; the replica's append applies it. ``IncorrectOffset``: a refused group's outcome.
+    - ``concurrency_control(stream, settings, server_default) -> bool``: the stream's option,
+      else the server's default, never for the internal streams.
+
 Elections (leader choice, witness reports, the returning-leader rule, ISR change validation)
 are the metadata leader's: ``bascule.metadata.election``.
 

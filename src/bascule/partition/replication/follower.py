@@ -27,13 +27,17 @@ next event:
 ``FETCHING``
     :class:`SendFetch` asks for the follower's log end offset. A response is dropped when its
     leader epoch is not the expected one, when its first offset is below the follower's log end
-    offset (stale), or when its entries are not contiguous or carry epochs that
+    offset (stale), or when its offsets do not rise or its entries carry epochs that
     cannot follow the log (going backwards, or above the leader epoch). A valid response is
     appended (:class:`Append`, with the epochs it starts) and the HW becomes
     ``max(hw, min(leader hw, last offset))``. A response of the current epoch that starts past
-    the follower's log end, at or below the leader's HW + 1, means the leader's log starts there
-    (retention, or a wiped replica): :class:`RestartLog` empties the log and restarts it at that
-    offset before the append.
+    the follower's log end, at or below the leader's HW + 1, skips offsets the leader no longer
+    has: compaction removed them (its log keeps gaps), or retention (its log starts there). The
+    entries are appended after the gap, as Liftbridge's followers do; an epoch they begin starts
+    where the gap does (it may have begun anywhere in it: the earlier start is the safe answer to
+    epoch queries). A follower with an empty log (a new or wiped replica) restarts it at the
+    response's first offset instead (:class:`RestartLog`), before the append. Above the leader's
+    HW, neither can remove anything: such a gap is dropped.
 
 ``IDLE``
     After an empty valid response (caught up) the follower waits for a notification or
@@ -250,14 +254,14 @@ class Follower:
             self._idle_until = now + self.config.max_idle_wait
             return actions + [WaitForData(self._idle_until)]
         first_offset = entries[0][0]
-        # Past this log's end: the leader has nothing at this log's end, its log starts later
-        # (retention, or this replica lost its disk). Retention never passes the leader's HW, so
-        # a gap above it is no such answer.
-        restart = first_offset > self.log_end_offset and leader_hw >= first_offset - 1
-        if first_offset < self.log_end_offset or (first_offset > self.log_end_offset and not restart):
+        # Past this log's end: the leader has nothing at this log's end (compaction or retention
+        # removed it; neither passes the leader's HW, so a gap above it is no such answer).
+        gap = first_offset > self.log_end_offset and leader_hw >= first_offset - 1
+        if first_offset < self.log_end_offset or (first_offset > self.log_end_offset and not gap):
             # stale (a reply to an earlier request) or a gap; the leader did answer, though
             self._last_contact = now
             return [self._fetch()] if fetching else []
+        restart = gap and self.log_end_offset == self.log_start_offset
         actions = [self._restart_log(first_offset)] if restart else []
         epoch_starts = self._epoch_starts(entries)
         if epoch_starts is None:
@@ -265,7 +269,7 @@ class Follower:
         self._last_contact = now
         for epoch, start in epoch_starts:
             self.history.assign(epoch, start)
-        self.log_end_offset += len(entries)
+        self.log_end_offset = entries[-1][0] + 1
         actions.append(Append(first_offset, len(entries), tuple(epoch_starts)))
         actions += self._update_hw(leader_hw)
         actions.append(self._fetch())
@@ -343,17 +347,18 @@ class Follower:
         return RestartLog(start_offset)
 
     def _epoch_starts(self, entries: Sequence[tuple[int, int]]) -> list[tuple[int, int]] | None:
-        """New (epoch, start) pairs of a batch, or None when it cannot follow this log."""
+        """New (epoch, start) pairs of a batch, or None when it cannot follow this log. An epoch
+        that begins after a gap starts where the gap does."""
         starts: list[tuple[int, int]] = []
         latest = self.history.latest_epoch
         expected = self.log_end_offset
         for offset, epoch in entries:
-            if offset != expected or epoch < 0 or epoch > self.leader_epoch or epoch < latest:
+            if offset < expected or epoch < 0 or epoch > self.leader_epoch or epoch < latest:
                 return None
             if epoch > latest:
-                starts.append((epoch, offset))
+                starts.append((epoch, expected))
                 latest = epoch
-            expected += 1
+            expected = offset + 1
         return starts
 
     def _check_leader(self, now: float) -> list[Action]:

@@ -39,3 +39,15 @@ class LeaderEpochOffsetResponse(_message.Message):
     endOffset: int
     leaderEpoch: int
     def __init__(self, endOffset: _Optional[int] = ..., leaderEpoch: _Optional[int] = ...) -> None: ...
+
+class Cursor(_message.Message):
+    __slots__ = ("stream", "partition", "cursorId", "offset")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CURSORID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    cursorId: str
+    offset: int
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., cursorId: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
