@@ -155,9 +155,15 @@ class Node:
         """Controlled shutdown: the partitions this node leads, to other ISR members (node.handoff)."""
         if self._raft is None or self._admin is None:
             return 0
-        return await hand_off_leaderships(
+        moved = await hand_off_leaderships(
             self.server_id, lambda: self.state, self.call, self._admin.gather_replica_reports, timeout
         )
+        # At once, not when this node's metadata catches up: a leader endpoint still subscribed
+        # here would swallow the followers' first requests to the new leader (each a request
+        # timeout of stall), and a capture still subscribed, writers' messages.
+        if self._partitions is not None:
+            await self._partitions.withdraw()
+        return moved
 
     def live_brokers(self) -> set[str]:
         """This node and the brokers its Raft member is connected to: go-liftbridge dials every

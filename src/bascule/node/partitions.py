@@ -30,6 +30,7 @@ from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
+from bascule.partition.replication.concurrency import concurrency_control
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
@@ -78,6 +79,7 @@ class Partitions:
         self._local: dict[tuple[str, int], LocalPartition] = {}
         self._reconcile_scheduled = False
         self._reconcile_lock = asyncio.Lock()
+        self._withdrawn = False
         self._returning: set[tuple[str, int, int]] = set()  # (stream, partition, leader epoch) being handed back
 
     async def start(self) -> None:
@@ -86,6 +88,14 @@ class Partitions:
     async def close(self) -> None:
         for key in list(self._local):
             await self._close(key, delete=False)
+
+    async def withdraw(self) -> None:
+        """Stop every partition here for good (a node that handed its leaderships off and is about
+        to stop): no more captures, fetches served or followed, and no reconcile brings one back,
+        so a follower loop cannot rejoin an ISR this node just left."""
+        async with self._reconcile_lock:
+            self._withdrawn = True
+            await self.close()
 
     def get(self, stream: str, partition: int) -> LocalPartition | None:
         return self._local.get((stream, partition))
@@ -134,6 +144,8 @@ class Partitions:
             await asyncio.sleep(RAFT_READY_POLL)
         async with self._reconcile_lock:
             self._reconcile_scheduled = False
+            if self._withdrawn:
+                return
             wanted = self._wanted(self.raft.state)
             for key in [k for k in self._local if k not in wanted]:
                 await self._close(key, delete=True)
@@ -281,7 +293,8 @@ class Partitions:
             CommitLog.open, self._directory(stream, partition.id), self._log_config(stream.settings)
         )
         replica = PartitionReplica(
-            stream.name, partition.id, commit_log, self.sync_policy, time.monotonic, self._notify_followers
+            stream.name, partition.id, commit_log, self.sync_policy, time.monotonic, self._notify_followers,
+            concurrency_control(stream.name, stream.settings, self.config.streams.concurrency_control),
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
 

@@ -15,6 +15,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
+# How long a cancelled task gets to end before it is cancelled again.
+RECANCEL_AFTER = 0.5
 
 
 class Tasks:
@@ -45,9 +47,15 @@ class Tasks:
                 log.exception("%s failed", name)
 
     async def close(self) -> None:
-        """Cancel every task and wait until they are done."""
+        """Cancel every task and wait until they are done. A task that swallowed its cancellation
+        is cancelled again (Python 3.11's asyncio.wait_for loses a cancel that lands as its inner
+        future completes; a follower loop caught that way kept fetching, and rejoined the ISR of
+        a node that was stopping)."""
         self.closing = True
         running = list(self._running)
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        pending = set(running)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=RECANCEL_AFTER)
+        await asyncio.gather(*running, return_exceptions=True)  # collects their outcomes
