@@ -233,3 +233,29 @@ async def test_forged_fetches_and_forged_answers_change_nothing(tmp_path) -> Non
         finally:
             await endpoint.stop()
             leader_replica.close()
+
+
+async def test_a_fetch_or_epoch_query_of_another_epoch_is_told_not_leader_at_once(tmp_path) -> None:
+    """During a handoff a follower's first request may reach only the old leader's endpoint: it
+    answers "not leader" (so the follower asks again within a retry pause, not a request
+    timeout), and a deposed leader gives no entries."""
+    async with loopback_nats(tmp_path) as (internal, subjects):
+        replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
+        replica.become_leader("L", 3, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        replica.log.append([Record(b"v")], 3)
+        endpoint = LeaderEndpoint(internal, subjects, replica, 1 << 20)
+        await endpoint.start()
+        try:
+            older = envelope.encode_message(internal_pb2.ReplicationRequest(replicaID="F", offset=-1, leaderEpoch=2),
+                                            envelope.MsgType.REPLICATION_REQUEST)
+            newer_query = envelope.encode_message(
+                internal_pb2.LeaderEpochOffsetRequest(leaderEpoch=3, currentLeaderEpoch=4),
+                envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST,
+            )
+            reply = await internal.request(subjects.replicate("s", 0), older, timeout=2)
+            assert reply.data == envelope.NOT_LEADER_REPLY and replica.is_leader
+            reply = await internal.request(subjects.epoch_offset("s", 0), newer_query, timeout=2)
+            assert reply.data == envelope.NOT_LEADER_REPLY
+            assert not replica.is_leader  # fenced by the newer epoch
+        finally:
+            await endpoint.stop()

@@ -200,6 +200,10 @@ class FollowerLoop:
             log.debug("request to %s failed: %r", subject, exc)
             await asyncio.sleep(RETRY_PAUSE)
             return None
+        if reply.data == envelope.NOT_LEADER_REPLY:
+            log.debug("%s: not the leader of this epoch (yet); asking again", subject)
+            await asyncio.sleep(RETRY_PAUSE)
+            return None
         return reply.data
 
     async def _ask_epoch(self, follower: machine.Follower, epoch: int) -> list[machine.Action]:

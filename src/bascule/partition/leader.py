@@ -61,8 +61,9 @@ class LeaderEndpoint:
             return
         replica = self.replica
         replica.fence(request.leaderEpoch)
-        if not replica.is_leader or not msg.reply or request.leaderEpoch != replica.leader_epoch:
-            return  # a deposed leader, or a follower of another epoch: no answer beats a wrong one
+        if not replica.is_leader or request.leaderEpoch != replica.leader_epoch:
+            await self._not_leader(msg)  # a deposed leader, or a follower of another epoch: no data
+            return
         try:
             data = replica.serve_fetch(request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes)
         except (OffsetOutOfRange, CorruptEntry) as exc:
@@ -88,13 +89,21 @@ class LeaderEndpoint:
         await self.nc.publish(msg.reply, response)
         replica.bytes_to_followers += sent
 
+    async def _not_leader(self, msg: Msg) -> None:
+        """Say so at once: during a handoff a follower's first request can reach only this node's
+        endpoint (the new leader not yet subscribed), and unanswered it would wait out a request
+        timeout while ack-ALL writes stall."""
+        if msg.reply:
+            await self.nc.publish(msg.reply, envelope.NOT_LEADER_REPLY)
+
     async def _on_epoch_query(self, msg: Msg) -> None:
         concerning(self.replica.stream, self.replica.partition)
         request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)
         if request is None:
             return
         self.replica.fence(request.currentLeaderEpoch)
-        if not self.replica.is_leader or not msg.reply or request.currentLeaderEpoch != self.replica.leader_epoch:
+        if not self.replica.is_leader or request.currentLeaderEpoch != self.replica.leader_epoch:
+            await self._not_leader(msg)
             return
         epoch, end_offset = self.replica.epoch_end(request.leaderEpoch)
         response = internal_pb2.LeaderEpochOffsetResponse(endOffset=end_offset, leaderEpoch=max(epoch, 0))

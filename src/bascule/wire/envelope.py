@@ -49,6 +49,9 @@ class MsgType(IntEnum):
     PARTITION_NOTIFICATION = 14
     # bascule's own, far from Liftbridge's numbers: a piece of one entry too big for one NATS message.
     REPLICATION_FRAGMENT = 100
+    # bascule's own: "not the leader of the epoch you asked": an empty payload, so that a follower
+    # retries at once instead of waiting out a request timeout (a deposed or not yet leading node).
+    NOT_LEADER = 101
 
 
 _KNOWN_TYPES = frozenset(MsgType)
@@ -68,6 +71,7 @@ def header(msg_type: MsgType, payload_crc: int | None = None) -> bytes:
 
 
 _PLAIN_HEADERS = {msg_type: header(msg_type) for msg_type in MsgType}
+NOT_LEADER_REPLY = _PLAIN_HEADERS[MsgType.NOT_LEADER]  # the whole message
 
 
 def encode(msg_type: MsgType, payload: bytes | memoryview, with_crc: bool = False) -> bytes:
