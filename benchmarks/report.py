@@ -54,6 +54,11 @@ METRICS: dict[str, tuple[str, bool]] = {
     "restart_kill_s": ("s", False),
     "restart_rss_mib": ("MiB", False),
     "first_ms": ("ms", False),
+    "unacked": ("probes", False),
+    "lost": ("probes", False),
+    "kill_unacked": ("probes", False),
+    "kill_lost": ("probes", False),
+    "forced_stops": ("stops", False),
 }
 
 

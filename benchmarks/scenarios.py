@@ -9,6 +9,7 @@ from typing import Any
 from benchmarks.failover import run_failover
 from benchmarks.harness import BASCULE, JETSTREAM, NATS, Context
 from benchmarks.restart import run_restart
+from benchmarks.rolling import run_rolling_restart
 from benchmarks.throughput import (
     run_acked_r3,
     run_capture_r1,
@@ -74,6 +75,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (NATS,), run_ceiling, ("rate", "publish_rate")),
     Scenario("failover", "failover: SIGKILL of the partition/stream leader, until an ack-ALL publish succeeds",
              (BASCULE, JETSTREAM), run_failover, ("failover_median_s", "failover_worst_s")),
+    Scenario("rolling_restart", "rolling restart of 3 nodes under ack-ALL probes every 5 ms, leader first "
+             "(bascule: SIGTERM, then SIGKILL as its baseline; leader timeout 1 s); JetStream: SIGTERM",
+             (BASCULE, JETSTREAM), run_rolling_restart,
+             ("stall_max_ms", "stall_leader_ms", "stall_follower_ms", "steady_gap_ms", "unacked", "lost",
+              "forced_stops", "kill_stall_max_ms", "kill_stall_leader_ms", "kill_stall_follower_ms", "kill_unacked",
+              "kill_lost")),
     Scenario("scale", "scale: bascule capture rate over partitions",
              (BASCULE,), run_scale, ()),
     Scenario("restart", "memory and restart of one node holding N messages",
@@ -83,7 +90,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
               "restart_graceful_s", "restart_kill_s", "restart_rss_mib")),
 )}
 GROUPS = {"capture": ["capture_r1", "capture_r3"], "acked": ["acked_r3"], "consume": ["consume_r3"],
-          "durable": ["durable_r1"], "memory": ["restart"]}
+          "durable": ["durable_r1"], "memory": ["restart"],
+          "rolling": ["rolling_restart"]}
 
 
 def select_scenarios(names: list[str]) -> list[str]:

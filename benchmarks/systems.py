@@ -324,6 +324,12 @@ class JetStreamSystem:
         # EmbeddedNats keeps its process private; the pid is read for /proc figures only.
         return [s._process.pid for s in self.servers if s._process is not None]
 
+    async def stop_server(self, index: int, timeout: float) -> int | None:
+        """SIGTERM server `index`, SIGKILL if it has not exited after `timeout` s; its exit status."""
+        process = self.servers[index]._process  # read for its exit status only, as server_pids reads the pid
+        await self.servers[index].stop(timeout)
+        return None if process is None else process.returncode
+
     async def create_stream(self, name: str, subject: str, replicas: int, timeout: float = 60.0) -> int:
         """Create a file-stored stream and wait until an acked publish goes through; returns messages held."""
         deadline = now() + timeout

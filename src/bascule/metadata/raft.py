@@ -24,6 +24,8 @@ from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
 
 log = logging.getLogger(__name__)
+# How often the Raft leader sends entries or a heartbeat: a follower learns of a commit with the next.
+APPEND_ENTRIES_PERIOD = 0.15
 # A command that pysyncobj neither commits nor fails within this long (a leader that lost its
 # quorum keeps it queued) is reported as not committed: its outcome is then unknown.
 PROPOSE_TIMEOUT = 10.0
@@ -94,7 +96,7 @@ def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncOb
         # Heartbeats and ticks are the whole idle cost of a node. Commands do not wait for a
         # tick (with batching off, a pipe wakes the poller), so ticks can be rare; these keep
         # a Raft re-election around a second.
-        appendEntriesPeriod=0.15,
+        appendEntriesPeriod=APPEND_ENTRIES_PERIOD,
         raftMinTimeout=0.5,
         raftMaxTimeout=1.0,
         connectionTimeout=1.0,
