@@ -320,6 +320,10 @@ async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(t
                 response = await stub.Publish(api_pb2.PublishRequest(stream="first", value=b"both", ackPolicy=ALL),
                                               timeout=10)
                 assert response.ack.stream == "first" and response.ack.offset == 0
+                # Both streams ack it; each publish is answered by the stream it named.
+                response = await stub.Publish(api_pb2.PublishRequest(stream="second", value=b"too", ackPolicy=ALL),
+                                              timeout=10)
+                assert response.ack.stream == "second" and response.ack.offset == 1
                 response = await stub.Publish(api_pb2.PublishRequest(
                     stream="alone", value=b"acked there", ackPolicy=ALL, ackInbox="my.inbox"), timeout=10)
                 assert response.ack.offset == 0

@@ -32,6 +32,7 @@ class EnvelopePublisher:
         self.nc = nc
         self.prefix = prefix
         self._waiters: dict[str, asyncio.Future[api_pb2.Ack]] = {}
+        self._from_stream: dict[str, str] = {}  # inbox -> the only stream whose ack it takes
         self._sequence = 0
         self._subscription: Subscription | None = None
 
@@ -61,14 +62,24 @@ class EnvelopePublisher:
         """Publish without waiting for an ack (whatever ack inbox ``message`` names gets one)."""
         await self.nc.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
 
-    async def send(self, subject: str, message: api_pb2.Message) -> asyncio.Future[api_pb2.Ack]:
-        """Publish with an ack inbox of this publisher's; the future gets the leader's Ack.
+    async def send(
+        self, subject: str, message: api_pb2.Message, from_stream: str | None = None
+    ) -> asyncio.Future[api_pb2.Ack]:
+        """Publish with an ack inbox of this publisher's; the future gets the leader's Ack (of
+        ``from_stream``'s leader only, when given: every stream capturing the subject acks).
         The caller bounds the wait (``request`` does) and so decides what a lost ack means."""
         self._sequence += 1
         inbox = f"{self.prefix}.{self._sequence}"
         message.ackInbox = inbox
         waiter = self._waiters[inbox] = asyncio.get_running_loop().create_future()
-        waiter.add_done_callback(lambda _: self._waiters.pop(inbox, None))
+        if from_stream is not None:
+            self._from_stream[inbox] = from_stream
+
+        def forget(_: object) -> None:
+            self._waiters.pop(inbox, None)
+            self._from_stream.pop(inbox, None)
+
+        waiter.add_done_callback(forget)
         try:
             await self.nc.publish(subject, envelope.encode_message(message, envelope.MsgType.PUBLISH))
         except BaseException:
@@ -76,26 +87,28 @@ class EnvelopePublisher:
             raise
         return waiter
 
-    async def request(self, subject: str, message: api_pb2.Message, timeout: float) -> api_pb2.Ack:
-        """Publish and wait up to ``timeout`` for the ack (asyncio.TimeoutError after it). An ack
-        inbox the message already names is kept, as Liftbridge keeps it: the ack is awaited there."""
+    async def request(
+        self, subject: str, message: api_pb2.Message, timeout: float, from_stream: str | None = None
+    ) -> api_pb2.Ack:
+        """Publish and wait up to ``timeout`` for the ack (asyncio.TimeoutError after it), of
+        ``from_stream`` when given. An ack inbox the message already names is kept, as Liftbridge
+        keeps it: the ack is awaited there."""
         if message.ackInbox:
-            return await self._request_on_own_inbox(subject, message, timeout)
-        waiter = await self.send(subject, message)
+            return await self._request_on_own_inbox(subject, message, timeout, from_stream)
+        waiter = await self.send(subject, message, from_stream)
         try:
             return await asyncio.wait_for(waiter, timeout)
         finally:
             waiter.cancel()
 
-    async def _request_on_own_inbox(self, subject: str, message: api_pb2.Message, timeout: float) -> api_pb2.Ack:
+    async def _request_on_own_inbox(
+        self, subject: str, message: api_pb2.Message, timeout: float, from_stream: str | None
+    ) -> api_pb2.Ack:
         acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
 
         async def on_ack(msg: Msg) -> None:
             if not acked.done():
-                try:
-                    acked.set_result(envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack))
-                except envelope.EnvelopeError as exc:
-                    log.warning("dropping malformed ack on %s: %s", msg.subject, exc)
+                _settle(acked, msg, from_stream)
 
         # Subscribed before the publish, on the same connection: the server has it first.
         subscription = await self.nc.subscribe(message.ackInbox, cb=on_ack)
@@ -109,7 +122,16 @@ class EnvelopePublisher:
         waiter = self._waiters.get(msg.subject)
         if waiter is None or waiter.done():
             return
-        try:
-            waiter.set_result(envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack))
-        except envelope.EnvelopeError as exc:
-            log.warning("dropping malformed ack on %s: %s", msg.subject, exc)
+        _settle(waiter, msg, self._from_stream.get(msg.subject))
+
+
+def _settle(waiter: asyncio.Future[api_pb2.Ack], msg: Msg, from_stream: str | None) -> None:
+    """``waiter`` gets the Ack in ``msg``, if it is one and comes from ``from_stream`` (any stream
+    when None); another stream's ack is not this publish's answer, and garbage is dropped."""
+    try:
+        ack = envelope.decode_message(msg.data, envelope.MsgType.ACK, api_pb2.Ack)
+    except envelope.EnvelopeError as exc:
+        log.warning("dropping malformed ack on %s: %s", msg.subject, exc)
+        return
+    if from_stream is None or ack.stream == from_stream:
+        waiter.set_result(ack)

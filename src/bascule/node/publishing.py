@@ -117,13 +117,15 @@ class PublishPath:
         return await asyncio.wait_for(acked, ACK_TIMEOUT)
 
     async def publish_to_subject(
-        self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None
+        self, subject: str, message: api_pb2.Message, wait: bool, timeout: float | None = None,
+        from_stream: str | None = None,
     ) -> api_pb2.Ack | None:
-        """Publish an envelope on NATS, as Liftbridge does, and optionally wait for the leader's ack."""
+        """Publish an envelope on NATS, as Liftbridge does, and optionally wait for the leader's ack
+        (``from_stream``'s, when given)."""
         if not wait:
             await self.envelopes.publish(subject, message)
             return None
-        return await self.envelopes.request(subject, message, timeout or ACK_TIMEOUT)
+        return await self.envelopes.request(subject, message, timeout or ACK_TIMEOUT, from_stream)
 
     async def publish_remote(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
         """Publish through the partition's NATS subject, as Liftbridge does: for a partition led
@@ -135,7 +137,10 @@ class PublishPath:
             key=request.key, value=request.value, headers=request.headers, ackInbox=request.ackInbox,
             correlationId=request.correlationId, ackPolicy=request.ackPolicy, offset=request.expectedOffset,
         )
-        return await self.publish_to_subject(partition_subject(stream.subject, request.partition), message, wait)
+        # Every stream capturing the subject acks; the caller named one, and is answered by it.
+        return await self.publish_to_subject(
+            partition_subject(stream.subject, request.partition), message, wait, from_stream=request.stream
+        )
 
 
 def _reindexed(
