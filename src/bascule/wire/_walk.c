@@ -355,10 +355,6 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc);
 }
 
-static PyObject *uses_sse42(PyObject *self, PyObject *unused) {
-    return PyBool_FromLong(use_sse42);
-}
-
 /* use_sse42(on) -> whether it was on: so the tests check the table path on machines with SSE 4.2. */
 static PyObject *set_sse42(PyObject *self, PyObject *args) {
     int on, was = use_sse42;
@@ -375,7 +371,6 @@ static PyMethodDef methods[] = {
     {"walked_entries", walked_entries, METH_VARARGS, "(entries as scan() yields them, stopped)."},
     {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
-    {"uses_sse42", uses_sse42, METH_NOARGS, "Whether the CRC runs on SSE 4.2's instruction."},
     {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
     {NULL, NULL, 0, NULL},
 };
