@@ -83,6 +83,29 @@ async def test_publish_async_refusals_are_in_band_through_gufo(tmp_path):
         assert await stored(client, "occ") == [b"m0", b"m2", b"m4"]
 
 
+async def test_publish_async_refusals_are_answered_whatever_the_ack_policy(tmp_path):
+    """Liftbridge answers a PublishAsync request that fails its checks even when it asked for no
+    ack: otherwise a client never learns that an ack-NONE publish was dropped."""
+    async with running_node(tmp_path) as (node, address), Client(address) as client:
+        await client.wait_ready()
+        await create(address, "occ")
+        requests = [
+            api_pb2.PublishRequest(stream="occ", value=b"quiet", ackPolicy=NONE, correlationId="unacked"),
+            api_pb2.PublishRequest(stream="nowhere", value=b"lost", ackPolicy=NONE, correlationId="missing"),
+            api_pb2.PublishRequest(stream="occ", value=b"kept", ackPolicy=LEADER, correlationId="kept"),
+        ]
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = api_pb2_grpc.APIStub(channel).PublishAsync(iter(requests), timeout=10)
+            responses = {response.correlationId: response async for response in call}
+        assert sorted(responses) == ["kept", "missing", "unacked"]
+        unacked, missing = responses["unacked"].asyncError, responses["missing"].asyncError
+        assert (unacked.code, unacked.message) == (
+            api_pb2.PublishAsyncError.Code.BAD_REQUEST, "stream with concurrency control must have AckPolicy set")
+        assert missing.code == api_pb2.PublishAsyncError.Code.NOT_FOUND
+        assert responses["kept"].ack.offset == 0
+        assert await stored(client, "occ") == [b"kept"]
+
+
 async def test_racing_publishers_expecting_the_same_offset_get_one_append(tmp_path):
     async with running_node(tmp_path) as (node, address), Client(address) as client:
         await client.wait_ready()

@@ -236,13 +236,15 @@ class PublishRPCs:
         if self.authorization is None or self.authorization.allows(context, request.stream, "Publish"):
             return True
         denied = PublishError(grpc.StatusCode.PERMISSION_DENIED, denial(request.stream, "Publish"), "PERMISSION_DENIED")
-        respond([_async_error(request, denied).SerializeToString()] if request.ackPolicy != capture.NONE else [], 1)
+        respond([_async_error(request, denied).SerializeToString()], 1)  # a refusal is answered, as any policy's
         return False
 
     def _publish_async(
         self, request: api_pb2.PublishRequest, respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
     ) -> None:
-        """Publish one PublishAsync request; ``respond`` gets its response (none for ack NONE)."""
+        """Publish one PublishAsync request; ``respond`` gets its response: a refusal's whatever
+        the ack policy (as Liftbridge answers a request that fails its checks), an ack or a failure
+        after the request was taken only if it asked for one."""
         wait = request.ackPolicy != capture.NONE
         try:
             local = self._writable_leader(request)
@@ -250,7 +252,7 @@ class PublishRPCs:
                 burst.add(local, _record(request, local), request)
                 return
         except Exception as exc:  # refused
-            respond([_async_error(request, _failure(exc)).SerializeToString()] if wait else [], 1)
+            respond([_async_error(request, _failure(exc)).SerializeToString()], 1)
             return
         answered = False
 
@@ -259,8 +261,10 @@ class PublishRPCs:
             if answered:
                 return
             answered = True
-            if not wait:
-                respond([], 1)  # an ack-NONE publish gets no answer, failed or not
+            if isinstance(error, PublishError):  # refused where it was checked again
+                respond([_async_error(request, error).SerializeToString()], 1)
+            elif not wait:
+                respond([], 1)  # an ack-NONE publish gets no answer, taken or lost
             elif error is None:
                 respond([api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId).SerializeToString()], 1)
             else:
