@@ -24,6 +24,7 @@ from typing import NoReturn
 from bascule import durable
 from bascule.partition.log.index import POINT_SIZE, InvalidIndex, SparseIndex
 from bascule.wire.entry import (
+    EMPTY_BODY_SIZE,
     ENTRY_HEADER,
     HEADER_SIZE,
     CorruptEntry,
@@ -171,10 +172,12 @@ class Segment:
 
     def _intact_entry_after(self, start: int, expected_offset: int) -> int | None:
         """Position of the first whole, CRC-correct entry after the damaged one at ``start``
-        whose offset could follow it (``expected_offset`` on); None if the damage runs to the end
-        of the file. The search is for the bytes its offset would begin with, so runs of zeros and
-        garbage cost little even in a big segment."""
-        highest_offset = expected_offset + (self.size - start) // HEADER_SIZE
+        whose offset could follow it: from ``expected_offset`` up to the last offset the segment
+        can hold (a follower stores its compacted leader's gaps, so the offsets after the damage
+        may have jumped any distance within that); None if the damage runs to the end of the file.
+        The search is for the bytes such an offset begins with, and a candidate's header is
+        checked before its CRC, so runs of zeros and garbage cost little even in a big segment."""
+        highest_offset = self.base_offset + _MAX_RELATIVE_OFFSET
         prefix = _common_prefix(_OFFSET.pack(expected_offset), _OFFSET.pack(highest_offset))
         position = start + 1
         while position + HEADER_SIZE <= self.size:
@@ -186,12 +189,9 @@ class Segment:
                     # No entry begins with a whole header of zeros: jump to where one could.
                     nonzero = _NONZERO.search(window, at + HEADER_SIZE)
                     at = len(window) if nonzero is None else nonzero.start() - HEADER_SIZE + 1
+                elif self._is_intact_entry_at(window, at, position, expected_offset, highest_offset):
+                    return position + at
                 else:
-                    offset = _OFFSET.unpack_from(window, at)[0]
-                    if expected_offset <= offset <= highest_offset and self._is_intact_entry_at(
-                        position + at, offset
-                    ):
-                        return position + at
                     at += 1
                 if at > last_start:
                     break
@@ -201,15 +201,28 @@ class Segment:
             position += last_start + 1
         return None
 
-    def _is_intact_entry_at(self, position: int, offset: int) -> bool:
-        body_size = ENTRY_HEADER.unpack(os.pread(self._log_fd, HEADER_SIZE, position))[3]
-        if position + HEADER_SIZE + body_size > self.size:
+    def _is_intact_entry_at(
+        self, window: bytes, at: int, window_position: int, lowest_offset: int, highest_offset: int
+    ) -> bool:
+        """Whether a whole, CRC-correct entry with an offset in [``lowest_offset``,
+        ``highest_offset``] begins at ``window[at]`` (``window`` read from ``window_position``)."""
+        offset, _, _, body_size, _ = ENTRY_HEADER.unpack_from(window, at)
+        end = at + HEADER_SIZE + body_size
+        if not (
+            lowest_offset <= offset <= highest_offset
+            and body_size >= EMPTY_BODY_SIZE
+            and window_position + end <= self.size
+        ):
             return False
-        data = os.pread(self._log_fd, HEADER_SIZE + body_size, position)
+        if end <= len(window):
+            data: bytes | memoryview = memoryview(window)[at:end]
+        else:
+            data = os.pread(self._log_fd, end - at, window_position + at)
         try:
-            return next(scan(data))[0] == offset
+            next(scan(data))
         except CorruptEntry:
             return False
+        return True
 
     def _quarantine_from(self, start: int, first_offset_lost: int, intact_at: int) -> None:
         """Move the bytes from ``start`` to the end into ``<segment>.log.corrupt-<offset>``, on
