@@ -706,6 +706,29 @@ async def test_health_service_of_a_real_node(tmp_path):
         watch.cancel()
 
 
+async def test_publish_async_takes_the_requests_before_an_undecodable_one_then_ends_internal(tmp_path):
+    """PublishAsync reads what arrived together as one batch: requests before a garbage one in the
+    same DATA frame are appended and acked, and the garbage ends the call with INTERNAL."""
+    async with running_node(tmp_path) as (_node, address), Client(address) as client:
+        await client.wait_ready()
+        await client.create_stream("batch", "batch")
+        raw = await RawH2.connect(int(address.rsplit(":", 1)[1]))
+        try:
+            stream_id = raw.h2.get_next_available_stream_id()
+            raw.h2.send_headers(stream_id, request_headers("/proto.API/PublishAsync"))
+            good = b"".join(grpc_message(api_pb2.PublishRequest(stream="batch", value=b"v%d" % i,
+                                                                correlationId=str(i))) for i in range(3))
+            garbage = struct.pack(">BI", 0, 3) + b"\xff\xff\xff"  # a truncated field: no PublishRequest
+            raw.h2.send_data(stream_id, good + garbage)
+            await raw.send()
+            await raw.receive(lambda: stream_id in raw.statuses or raw.closed)
+            assert raw.statuses[stream_id] == str(grpc.StatusCode.INTERNAL.value[0])
+        finally:
+            await raw.close()
+        values = [m.value async for m in client.subscribe("batch", start="earliest", stop_latest=True)]
+        assert values == [b"v0", b"v1", b"v2"]
+
+
 async def test_a_node_configured_for_mutual_tls_serves_only_certified_clients(tmp_path):
     ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
     _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bascule.wire import entry
+from bascule.h2grpc.messages import MessageReader
+from bascule.wire import capture, entry
 from bascule.wire.entry import Record, consecutive_prefix, encode_entries, intact_prefix_python
 from bascule.wire.messages import MessageEncoder
+from bascule.wire.pb import api_pb2
 
 native = entry.native
 pytestmark = pytest.mark.skipif(native is None, reason="bascule.wire._walk was not built (no C compiler)")
@@ -136,3 +138,65 @@ def test_runs_from_a_byte_inside_the_buffer_in_c_are_the_python_loops(crc_path, 
         return
     python_walk = MessageEncoder("s", 3).walk_python(buf, first_offset, max_entries, check_crc, start)
     assert (c_walk[0], c_walk[1], c_walk[3]) == (python_walk[0], python_walk[1], python_walk[3])
+
+
+appended_records = st.builds(
+    Record,
+    value=st.binary(max_size=300) | st.builds(bytearray, st.binary(max_size=30)),
+    key=st.none() | st.binary(max_size=20),
+    headers=st.dictionaries(st.text(max_size=5), st.binary(max_size=10), max_size=3),
+    timestamp=st.integers(-(2**63), 2**63 - 1) | st.just(0),
+    header_block=st.none() | st.just(b"") | st.sampled_from([entry.encode_headers({"subject": b"a.b", "reply": b""})]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(appended_records, max_size=8), first_offset=st.integers(0, 2**62),
+       epoch=st.integers(0, 2**64 - 1), stamp=st.integers(-(2**63), 2**63 - 1))
+def test_entries_encoded_in_c_are_the_python_loops_byte_for_byte(crc_path, batch, first_offset, epoch, stamp):
+    data, walked = encode_entries(first_offset, epoch, batch, stamp)
+    assert (data, walked) == entry.encode_entries_python(first_offset, epoch, batch, stamp)
+    decoded = list(entry.decode_entries(data))
+    assert [(e.offset, e.value, e.key) for e in decoded] == [
+        (first_offset + i, bytes(r.value), r.key) for i, r in enumerate(batch)]
+
+
+def test_records_the_c_encoder_cannot_take_fail_as_the_python_loop_does():
+    headers = {"x" * 70_000: b"v"}  # a header name longer than an entry holds
+    for bad in ([Record(value=b"v", headers=headers)], [Record(value=b"v", header_block=None, headers=headers)]):
+        with pytest.raises(ValueError) as in_c:
+            encode_entries(0, 0, bad, 1)
+        with pytest.raises(ValueError) as in_python:
+            entry.encode_entries_python(0, 0, bad, 1)
+        assert str(in_c.value) == str(in_python.value)
+    for garbage in ([Record(value=5)], [Record(value=b"v", key=7)], [Record(value=b"v", timestamp="now")],
+                    [object()], [Record(value=b"v", header_block=3)]):
+        with pytest.raises((TypeError, AttributeError)):
+            encode_entries(0, 0, garbage, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(first_offset=st.integers(0, 2**62), acks=st.lists(st.tuples(st.integers(0, 5000), st.text(max_size=40)),
+                                                          max_size=20),
+       policy=st.sampled_from([0, 1, 7]), stamps=st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)))
+def test_publish_responses_in_c_are_the_python_loops_and_read_back_as_acks(first_offset, acks, policy, stamps):
+    indices, ids = [index for index, _ in acks], [text for _, text in acks]
+    framed = capture.publish_responses("s", "s.sub", policy, first_offset, indices, ids, *stamps)
+    shared = api_pb2.Ack(stream="s", partitionSubject="s.sub", msgSubject="s.sub", ackPolicy=policy,
+                         receptionTimestamp=stamps[0], commitTimestamp=stamps[1]).SerializeToString()
+    assert framed == capture.publish_responses_python(first_offset, indices, ids, shared)
+    reader = MessageReader(1 << 20)
+    responses = [api_pb2.PublishResponse.FromString(message) for message in reader.feed(framed)]
+    assert [(r.ack.offset, r.ack.correlationId, r.correlationId, r.ack.ackPolicy, r.ack.stream,
+             r.ack.commitTimestamp) for r in responses] == [
+        (first_offset + index, text, text, policy, "s", stamps[1]) for index, text in acks]
+
+
+def test_publish_responses_refuse_what_no_ack_can_say():
+    for first_offset, indices, ids in ((0, [-1], ["a"]), (2**63 - 1, [1], ["a"]), (0, [1, 2], ["a"])):
+        for encode in (native.publish_responses, capture.publish_responses_python):
+            with pytest.raises(ValueError):
+                encode(first_offset, indices, ids, b"")
+    for garbage in (([1], [b"bytes"]), (["1"], ["a"]), ([2**70], ["a"])):
+        with pytest.raises((TypeError, OverflowError)):
+            native.publish_responses(0, *garbage, b"")

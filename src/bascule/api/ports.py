@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from bascule.metadata.state import MetadataState
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication.concurrency import NO_EXPECTATION
-from bascule.wire.capture import AckRequest, BurstOutcome
+from bascule.wire.capture import BurstOutcome
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
 
@@ -73,8 +73,8 @@ class Publishing(Protocol):
     def max_message_bytes(self) -> int: ...
 
     def submit_burst(
-        self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[AckRequest],
-        on_acks: BurstOutcome, expected_offsets: list[int] | None = None,
+        self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
+        policies: list[api_pb2.AckPolicy], on_acks: BurstOutcome, expected_offsets: list[int] | None = None,
     ) -> None: ...
 
     async def publish(

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
@@ -31,8 +30,8 @@ from bascule.wire.pb import api_pb2
 MAX_HEADERS = 65535 - 2
 MAX_HEADER_NAME_BYTES = 65535
 
-# Serialized responses, and how many requests they (and any ack-NONE publishes) answer.
-Respond = Callable[[list[bytes], int], None]
+# gRPC-framed responses, and how many requests they (and any ack-NONE publishes) answer.
+Respond = Callable[[bytes, int], None]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,8 @@ class PublishRPCs:
         self.replicas = replicas
         self.publishing = publishing
         self.authorization = authorization  # PublishAsync checks each request ("Publish" on its stream)
-        self._last_lookup: tuple[MetadataState, tuple[str, int], LedPartition | None] | None = None
+        # Per metadata state (an immutable value: while it is the same object, so are the answers).
+        self._lanes: tuple[MetadataState | None, dict[tuple[str, int], _Lane]] = (None, {})
         self._shared: tuple[MetadataState, dict[tuple[str, int], bool]] | None = None
 
     async def Publish(self, request, context):
@@ -77,22 +77,8 @@ class PublishRPCs:
         is; None when the publish must resume the partition or go to its leader. PublishError when
         it cannot be published at all."""
         self._check_message(request.ByteSize(), request.headers)
-        state = self.cluster.state
-        key = (request.stream, request.partition)
-        if self._last_lookup is not None and self._last_lookup[0] is state and self._last_lookup[1] == key:
-            local = self._last_lookup[2]  # a PublishAsync burst asks about one partition many times
-        else:
-            meta = state.partition(request.stream, request.partition)
-            if meta is None:
-                raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
-            if meta.readonly:
-                raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
-            writable = not meta.paused and meta.leader == self.cluster.server_id and not self._shared_subject(*key)
-            local = self.replicas.get(request.stream, request.partition) if writable else None
-            if local is not None or not writable:  # not yet opened here: asked again next time
-                # The metadata is an immutable value: while it is the same object, so is the answer.
-                self._last_lookup = (state, key, local)
-        if request.ackPolicy == capture.NONE and self._concurrency_controlled(*key):
+        local = self._lane(request.stream, request.partition).local
+        if request.ackPolicy == capture.NONE and self._concurrency_controlled(request.stream, request.partition):
             raise PublishError(grpc.StatusCode.INVALID_ARGUMENT,
                                "stream with concurrency control must have AckPolicy set", "BAD_REQUEST")
         if request.ackInbox:
@@ -101,6 +87,27 @@ class PublishRPCs:
                 raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"ackInbox: {problem}", "BAD_REQUEST")
             return None  # through NATS, as Liftbridge: the partition leader acks to that inbox
         return local
+
+    def _lane(self, stream: str, partition: int) -> _Lane:
+        """How a publish to the partition goes, as the metadata now says; PublishError when it
+        cannot be published at all. A PublishAsync call asks about one partition many times."""
+        state = self.cluster.state
+        if self._lanes[0] is not state:
+            self._lanes = (state, {})
+        lane = self._lanes[1].get((stream, partition))
+        if lane is not None:
+            return lane
+        meta = state.partition(stream, partition)
+        if meta is None:
+            raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
+        if meta.readonly:
+            raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
+        writable = not meta.paused and meta.leader == self.cluster.server_id and not self._shared_subject(
+            stream, partition)
+        lane = _Lane(self.replicas.get(stream, partition) if writable else None, meta.paused)
+        if lane.local is not None or not writable:  # not yet opened here: asked again next time
+            self._lanes[1][stream, partition] = lane
+        return lane
 
     def _concurrency_controlled(self, stream: str, partition: int) -> bool:
         """Whether the partition checks expected offsets: as its replica on this node was opened
@@ -156,138 +163,27 @@ class PublishRPCs:
         node leads go in one write with one callback (a burst), and their responses out in one
         batch. Only those that must resume a partition or go to another node get a task, owned by
         this call."""
-        ready: list[bytes] = []  # serialized responses not yet sent
-        wake = asyncio.Event()
-        outstanding = 0
-        reading = True
-        slow: set[asyncio.Task[None]] = set()
-
-        def respond(responses: list[bytes], answered: int) -> None:
-            nonlocal outstanding
-            ready.extend(responses)
-            outstanding -= answered
-            wake.set()
-
-        burst = _Burst(self.publishing, respond)
-        resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
-
-        async def read_requests() -> None:
-            nonlocal outstanding, reading
-            try:
-                async for request in request_iterator:
-                    outstanding += 1
-                    if not self._allowed(request, context, respond):
-                        continue
-                    held = resuming.get((request.stream, request.partition))
-                    if held is not None:  # behind requests that resume the partition: in order
-                        held.append(request)
-                    elif self._paused(request):
-                        resuming[request.stream, request.partition] = [request]
-                        task = asyncio.create_task(self._resume_then_publish(request, resuming, respond, burst, slow))
-                        slow.add(task)
-                        task.add_done_callback(slow.discard)
-                    else:
-                        self._publish_async(request, respond, burst, slow)
-            finally:
-                reading = False
-                wake.set()
-
-        reader = asyncio.create_task(read_requests())
+        call = _AsyncCall(self, context)
+        reader = asyncio.create_task(call.read(request_iterator))
         try:
             while True:
-                await wake.wait()
-                wake.clear()
-                if ready:
-                    batch = ready[:]
-                    ready.clear()
-                    yield Framed(frame(batch))
-                if reader.done() and not outstanding:
+                await call.wake.wait()
+                call.wake.clear()
+                if call.ready:
+                    framed = b"".join(call.ready)
+                    call.ready.clear()
+                    yield Framed(framed)
+                if reader.done() and not call.outstanding:
                     reader.result()  # a request the client could not send ends the call with its error
                     return
         finally:
             reader.cancel()
-            for task in slow:
-                task.cancel()
+            call.cancel()
 
-    def _paused(self, request: api_pb2.PublishRequest) -> bool:
-        meta = self.cluster.state.partition(request.stream, request.partition)
-        return meta is not None and meta.paused
-
-    async def _resume_then_publish(
-        self, first: api_pb2.PublishRequest, resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]],
-        respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
-    ) -> None:
-        """Resume a paused partition, then publish the requests held back for it meanwhile, in the
-        order they came (each on its own would race the others to the log)."""
-        key = (first.stream, first.partition)
-        try:
-            await self._resume_here(first)
-            if self.cluster.state.partition(*key) is not None and self._writable_leader(first) is None:
-                await self.replicas.until_leading(*key)
-        except asyncio.CancelledError:  # the call ended
-            resuming.pop(key)
-            raise
-        except Exception:  # each request below meets the failure again, and answers with it
-            log.debug("resuming %s/%s for PublishAsync failed", *key, exc_info=True)
-        for request in resuming.pop(key):  # no await in between: requests read later come after these
-            self._publish_async(request, respond, burst, slow)
-
-    def _allowed(self, request: api_pb2.PublishRequest, context: Any, respond: Respond) -> bool:
+    def _denial(self, request: api_pb2.PublishRequest, context: Any) -> PublishError | None:
         if self.authorization is None or self.authorization.allows(context, request.stream, "Publish"):
-            return True
-        denied = PublishError(grpc.StatusCode.PERMISSION_DENIED, denial(request.stream, "Publish"), "PERMISSION_DENIED")
-        respond([_async_error(request, denied).SerializeToString()], 1)  # a refusal is answered, as any policy's
-        return False
-
-    def _publish_async(
-        self, request: api_pb2.PublishRequest, respond: Respond, burst: _Burst, slow: set[asyncio.Task[None]],
-    ) -> None:
-        """Publish one PublishAsync request; ``respond`` gets its response: a refusal's whatever
-        the ack policy (as Liftbridge answers a request that fails its checks), an ack or a failure
-        after the request was taken only if it asked for one."""
-        wait = request.ackPolicy != capture.NONE
-        try:
-            local = self._writable_leader(request)
-            if local is not None and local.replica.is_leader:
-                burst.add(local, _record(request, local), request)
-                return
-        except Exception as exc:  # refused
-            respond([_async_error(request, _failure(exc)).SerializeToString()], 1)
-            return
-        answered = False
-
-        def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
-            nonlocal answered
-            if answered:
-                return
-            answered = True
-            if isinstance(error, PublishError):  # refused where it was checked again
-                respond([_async_error(request, error).SerializeToString()], 1)
-            elif not wait:
-                respond([], 1)  # an ack-NONE publish gets no answer, taken or lost
-            elif error is None:
-                respond([api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId).SerializeToString()], 1)
-            else:
-                respond([_async_error(request, _failure(error)).SerializeToString()], 1)
-
-        task = asyncio.create_task(self._publish_the_long_way(request, wait, acked))
-        slow.add(task)
-        task.add_done_callback(slow.discard)
-
-    async def _publish_the_long_way(
-        self, request: api_pb2.PublishRequest, wait: bool, acked: capture.AckOutcome,
-    ) -> None:
-        """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
-        whatever happens (a cancelled stream included)."""
-        try:
-            ack = await self.publish(request, wait)
-        except asyncio.CancelledError as exc:
-            acked(None, exc)
-            raise
-        except Exception as exc:
-            acked(None, exc)
-        else:
-            acked(ack, None)
+            return None
+        return PublishError(grpc.StatusCode.PERMISSION_DENIED, denial(request.stream, "Publish"), "PERMISSION_DENIED")
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(
@@ -351,6 +247,165 @@ def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb
     )
 
 
+class _AsyncCall:
+    """One PublishAsync call: its requests as they are read, its responses until they are sent,
+    and the tasks of the requests that cannot be appended at once."""
+
+    def __init__(self, rpcs: PublishRPCs, context: Any) -> None:
+        self.rpcs = rpcs
+        self.context = context
+        self.ready: list[bytes] = []  # gRPC-framed responses not yet sent
+        self.wake = asyncio.Event()
+        self.outstanding = 0  # requests read and not yet answered (or, ack NONE, appended)
+        self.burst = _Burst(rpcs.publishing, self.respond)
+        self.resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
+        self.slow: set[asyncio.Task[None]] = set()
+
+    def respond(self, framed: bytes, answered: int) -> None:
+        if framed:
+            self.ready.append(framed)
+        self.outstanding -= answered
+        self.wake.set()
+
+    def refuse(self, request: api_pb2.PublishRequest, refusal: PublishError) -> None:
+        # Answered whatever the ack policy, as Liftbridge answers a request that fails its checks.
+        self.respond(frame([_async_error(request, refusal).SerializeToString()]), 1)
+
+    async def read(self, request_iterator: Any) -> None:
+        try:
+            while requests := await request_iterator.batch():
+                self.outstanding += len(requests)
+                self.take(requests)
+        finally:
+            self.wake.set()
+
+    def cancel(self) -> None:
+        for task in self.slow:
+            task.cancel()
+
+    def take(self, requests: list[api_pb2.PublishRequest]) -> None:
+        """Route each request: most are plain appends to a partition this node leads, which go
+        into the burst here without the general path's checks (headers, ackInbox, resuming)."""
+        rpcs, burst, resuming = self.rpcs, self.burst, self.resuming
+        limit = rpcs.publishing.max_message_bytes
+        for request in requests:
+            refusal = rpcs._denial(request, self.context)
+            key = (request.stream, request.partition)
+            if refusal is None and resuming and key in resuming:  # behind requests that resume it: in order
+                resuming[key].append(request)
+                continue
+            try:
+                if refusal is not None:
+                    raise refusal
+                lane = rpcs._lane(*key)
+            except PublishError as error:
+                self.refuse(request, error)
+                continue
+            local = lane.local
+            if lane.paused:
+                resuming[key] = [request]
+                self._spawn(self._resume_then_publish(request))
+            elif (local is not None and not request.headers and not request.ackInbox
+                  and (request.ackPolicy != capture.NONE or not local.replica.concurrency_control)
+                  and local.replica.is_leader and request.ByteSize() <= limit):
+                burst.add(local, Record(request.value, request.key or None, lane.headers,
+                                        header_block=lane.header_block), request)
+            else:
+                self.publish(request)
+
+    def publish(self, request: api_pb2.PublishRequest) -> None:
+        """Publish one request the general way; ``respond`` gets its response: a refusal's whatever
+        the ack policy, an ack or a failure after the request was taken only if it asked for one."""
+        wait = request.ackPolicy != capture.NONE
+        try:
+            local = self.rpcs._writable_leader(request)
+            if local is not None and local.replica.is_leader:
+                self.burst.add(local, _record(request, local), request)
+                return
+        except Exception as exc:  # refused
+            self.refuse(request, _failure(exc))
+            return
+        answered = False
+
+        def acked(ack: api_pb2.Ack | None, error: BaseException | None) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            if isinstance(error, PublishError):  # refused where it was checked again
+                self.refuse(request, error)
+            elif not wait:
+                self.respond(b"", 1)  # an ack-NONE publish gets no answer, taken or lost
+            elif error is None:
+                self.respond(frame([api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
+                                    .SerializeToString()]), 1)
+            else:
+                self.refuse(request, _failure(error))
+
+        self._spawn(self._the_long_way(request, wait, acked))
+
+    async def _the_long_way(self, request: api_pb2.PublishRequest, wait: bool, acked: capture.AckOutcome) -> None:
+        """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
+        whatever happens (a cancelled stream included)."""
+        try:
+            ack = await self.rpcs.publish(request, wait)
+        except asyncio.CancelledError as exc:
+            acked(None, exc)
+            raise
+        except Exception as exc:
+            acked(None, exc)
+        else:
+            acked(ack, None)
+
+    async def _resume_then_publish(self, first: api_pb2.PublishRequest) -> None:
+        """Resume a paused partition, then publish the requests held back for it meanwhile, in the
+        order they came (each on its own would race the others to the log)."""
+        key = (first.stream, first.partition)
+        try:
+            await self.rpcs._resume_here(first)
+            if self.rpcs.cluster.state.partition(*key) is not None and self.rpcs._writable_leader(first) is None:
+                await self.rpcs.replicas.until_leading(*key)
+        except asyncio.CancelledError:  # the call ended
+            self.resuming.pop(key)
+            raise
+        except Exception:  # each request below meets the failure again, and answers with it
+            log.debug("resuming %s/%s for PublishAsync failed", *key, exc_info=True)
+        for request in self.resuming.pop(key):  # no await in between: requests read later come after these
+            self.publish(request)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self.slow.add(task)
+        task.add_done_callback(self.slow.discard)
+
+
+class _Lane:
+    """How publishes to one partition go, as of one metadata state."""
+
+    __slots__ = ("local", "paused", "headers", "header_block")
+
+    def __init__(self, local: LedPartition | None, paused: bool) -> None:
+        self.local = local  # the partition to append to here; None: resume it, or go to its leader
+        self.paused = paused
+        # The headers a NATS-routed publish would have got (subject, reply), as Liftbridge records
+        # on every message: shared, and encoded once.
+        self.headers: dict[str, bytes] = {}
+        self.header_block: bytes | None = None
+        if local is not None:
+            self.headers, self.header_block = capture.stored_headers(local.subject, "")
+
+
+class _Run:
+    """Requests of a burst in a row for one partition, and their records."""
+
+    __slots__ = ("local", "records", "requests")
+
+    def __init__(self, local: LedPartition) -> None:
+        self.local = local
+        self.records: list[Record] = []
+        self.requests: list[api_pb2.PublishRequest] = []
+
+
 class _Burst:
     """The PublishAsync requests of one call that arrive in one event-loop turn for partitions this
     node leads: each run of them on one partition is appended in one write, acked in one callback."""
@@ -358,34 +413,37 @@ class _Burst:
     def __init__(self, publishing: Publishing, respond: Respond) -> None:
         self._publishing = publishing
         self._respond = respond
-        self._pending: list[tuple[LedPartition, Record, api_pb2.PublishRequest]] = []
+        self._runs: list[_Run] = []
 
     def add(self, local: LedPartition, record: Record, request: api_pb2.PublishRequest) -> None:
-        if not self._pending:
+        runs = self._runs
+        if not runs:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append((local, record, request))
+        if not runs or runs[-1].local is not local:
+            runs.append(_Run(local))
+        run = runs[-1]
+        run.records.append(record)
+        run.requests.append(request)
 
     def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for local, run in itertools.groupby(pending, key=lambda item: item[0]):
-            items = list(run)
-            requests = [request for _, _, request in items]
-            ack_requests = [
-                capture.AckRequest("", request.correlationId, request.ackPolicy, local.subject) for request in requests
-            ]
-            unanswered = sum(request.ackPolicy == capture.NONE for request in requests)
+        runs, self._runs = self._runs, []
+        for run in runs:
+            local, requests = run.local, run.requests
+            policies = [request.ackPolicy for request in requests]
+            unanswered = policies.count(capture.NONE)
             try:
-                self._publishing.submit_burst(local.replica, local.subject, [record for _, record, _ in items],
-                                              ack_requests, functools.partial(self._acked, requests),
+                self._publishing.submit_burst(local.replica, local.subject, run.records,
+                                              [request.correlationId for request in requests], policies,
+                                              functools.partial(self._acked, requests),
                                               _expected_offsets(local, requests))
             except Exception as exc:  # leadership ended since the requests were read
-                self._acked(requests, [i for i, r in enumerate(requests) if r.ackPolicy != capture.NONE], None, exc)
+                self._acked(requests, [i for i, policy in enumerate(policies) if policy != capture.NONE], None, exc)
             if unanswered:
-                self._respond([], unanswered)  # ack NONE: answered by being appended
+                self._respond(b"", unanswered)  # ack NONE: answered by being appended
 
-    def _acked(self, requests: list[api_pb2.PublishRequest], indices: list[int], responses: list[bytes] | None,
+    def _acked(self, requests: list[api_pb2.PublishRequest], indices: list[int], framed: bytes | None,
                error: BaseException | None) -> None:
-        if responses is None:
+        if framed is None:
             failure = _failure(error or RuntimeError("no ack"))
-            responses = [_async_error(requests[index], failure).SerializeToString() for index in indices]
-        self._respond(responses, len(indices))
+            framed = frame([_async_error(requests[index], failure).SerializeToString() for index in indices])
+        self._respond(framed, len(indices))

@@ -117,26 +117,59 @@ class _Requests:
         return self
 
     async def __anext__(self) -> Any:
+        if not await self._received():
+            raise StopAsyncIteration
+        data, flow_size = self._call.inbox.popleft()
+        if flow_size:
+            self._connection.consumed(self._call, flow_size)
+        return _decode(self._call.method, data)
+
+    async def batch(self) -> list[Any]:
+        """Every request received and not yet read, waiting for one if there is none; [] once the
+        client has sent its last. A handler that takes requests in bulk (PublishAsync) saves a
+        step of the iterator per request. A request that cannot be decoded ends the batch before
+        it, and the next batch raises its error, as iterating would."""
+        if not await self._received():
+            return []
+        call, decode = self._call, self._call.method.decode
+        inbox, requests, flow = call.inbox, [], 0
+        while inbox:
+            data, flow_size = inbox[0]
+            try:
+                requests.append(decode(data))
+            except DecodeError as error:
+                if not requests:
+                    raise _undecodable(error) from None
+                break
+            inbox.popleft()
+            flow += flow_size
+        if flow:
+            self._connection.consumed(call, flow)
+        return requests
+
+    async def _received(self) -> bool:
+        """Wait until a request is in the inbox: False if none will come."""
         call = self._call
         while not call.inbox:
             if call.requests_ended:
-                raise StopAsyncIteration
+                return False
             call.inbox_waiter = self._connection.loop.create_future()
             try:
                 await call.inbox_waiter
             finally:
                 call.inbox_waiter = None
-        data, flow_size = call.inbox.popleft()
-        if flow_size:
-            self._connection.consumed(call, flow_size)
-        return _decode(call.method, data)
+        return True
 
 
 def _decode(method: Method, data: bytes) -> Any:
     try:
         return method.decode(data)
     except DecodeError as error:
-        raise Abort(Status.INTERNAL, f"could not decode the request: {error}") from None
+        raise _undecodable(error) from None
+
+
+def _undecodable(error: DecodeError) -> Abort:
+    return Abort(Status.INTERNAL, f"could not decode the request: {error}")
 
 
 class _Connection(asyncio.Protocol):

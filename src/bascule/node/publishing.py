@@ -66,44 +66,46 @@ class PublishPath:
         replica.submit([record], written, API_WRITE_LINGER, [expected_offset])
 
     def submit_burst(
-        self, replica: PartitionReplica, subject: str, records: list[Record], requests: list[capture.AckRequest],
-        on_acks: capture.BurstOutcome, expected_offsets: list[int] | None = None,
+        self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
+        policies: list[api_pb2.AckPolicy], on_acks: capture.BurstOutcome, expected_offsets: list[int] | None = None,
     ) -> None:
-        """Append the records of a burst of API publishes (``requests[i]`` asked for ``records[i]``,
-        expecting offset ``expected_offsets[i]``) to a partition this node leads, in one write with
-        one callback; ``on_acks`` gets the serialized PublishResponses of the acked ones, those
-        acked on write and those acked on commit in separate calls, or their indices and the error.
-        A partition that checks expected offsets takes each record alone, as Liftbridge's does:
-        a record refused (IncorrectOffset) takes none of the others with it."""
+        """Append the records of a burst of API publishes (``records[i]`` published with
+        ``correlation_ids[i]`` and ack policy ``policies[i]``, expecting offset
+        ``expected_offsets[i]``) to a partition this node leads, in one write with one callback;
+        ``on_acks`` gets the gRPC-framed PublishResponses of the acked ones, those acked on write
+        and those acked on commit in separate calls, or their indices and the error. A partition
+        that checks expected offsets takes each record alone, as Liftbridge's does: a record
+        refused (IncorrectOffset) takes none of the others with it."""
         if replica.concurrency_control and len(records) > 1:
-            for index, (record, request) in enumerate(zip(records, requests)):
+            for index, record in enumerate(records):
                 alone = None if expected_offsets is None else expected_offsets[index:index + 1]
-                self.submit_burst(replica, subject, [record], [request], partial(_reindexed, on_acks, index), alone)
+                self.submit_burst(replica, subject, [record], correlation_ids[index:index + 1],
+                                  policies[index:index + 1], partial(_reindexed, on_acks, index), alone)
             return
         reception = time.time_ns()
-        acked = [(index, request) for index, request in enumerate(requests) if request.policy != capture.NONE]
+        acked = [index for index, policy in enumerate(policies) if policy != capture.NONE]
         if not acked:
             replica.submit(records, expected=expected_offsets)
             return
 
-        def ackable(first: int, group: list[tuple[int, capture.AckRequest]], _: int | None,
+        def ackable(first: int, policy: api_pb2.AckPolicy, group: list[int], _: int | None,
                     error: BaseException | None) -> None:
             if error is not None:
-                on_acks([index for index, _ in group], None, error)
+                on_acks(group, None, error)
             else:
-                on_acks([index for index, _ in group], capture.encode_publish_responses(
-                    replica.stream, subject, first, group, reception, time.time_ns()), None)
+                on_acks(group, capture.publish_responses(
+                    replica.stream, subject, policy, first, group, [correlation_ids[index] for index in group],
+                    reception, time.time_ns()), None)
 
         def written(first: int | None, error: BaseException | None) -> None:
             if error is not None or first is None:
-                on_acks([index for index, _ in acked], None, error or NotLeader("not written"))
+                on_acks(acked, None, error or NotLeader("not written"))
                 return
-            on_write = [ack for ack in acked if ack[1].policy != capture.ALL]
-            on_commit = [ack for ack in acked if ack[1].policy == capture.ALL]
-            for group in (on_write, on_commit):
-                if group:
-                    last_index, request = group[-1]
-                    when_ackable(replica, request.policy, first + last_index, partial(ackable, first, group))
+            groups: dict[api_pb2.AckPolicy, list[int]] = {}  # acked on write, or on commit (ALL)
+            for index in acked:
+                groups.setdefault(policies[index], []).append(index)
+            for policy, group in groups.items():
+                when_ackable(replica, policy, first + group[-1], partial(ackable, first, policy, group))
 
         replica.submit(records, written, API_WRITE_LINGER, expected_offsets)
 
@@ -144,7 +146,7 @@ class PublishPath:
 
 
 def _reindexed(
-    on_acks: capture.BurstOutcome, index: int, indices: list[int], responses: list[bytes] | None,
+    on_acks: capture.BurstOutcome, index: int, indices: list[int], responses: bytes | None,
     error: BaseException | None,
 ) -> None:
     """A one-record burst's outcome as the outcome of record ``index`` of the burst it came from."""

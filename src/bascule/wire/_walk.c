@@ -344,6 +344,233 @@ fail:
     return NULL;
 }
 
+/* ---- a leader's appends and acks ----------------------------------------------------------- */
+
+static PyObject *name_value, *name_key, *name_headers, *name_timestamp, *name_header_block, *no_headers;
+
+static inline unsigned char *put_be32(unsigned char *out, uint32_t n) {
+    out[0] = (unsigned char)(n >> 24);
+    out[1] = (unsigned char)(n >> 16);
+    out[2] = (unsigned char)(n >> 8);
+    out[3] = (unsigned char)n;
+    return out + 4;
+}
+
+static inline unsigned char *put_be64(unsigned char *out, uint64_t n) {
+    put_be32(out, (uint32_t)(n >> 32));
+    return put_be32(out + 4, (uint32_t)n);
+}
+
+/* What encode_entries needs of one Record, holding references and buffers until released. */
+typedef struct {
+    PyObject *value, *key, *block;
+    Py_buffer value_buf, key_buf, block_buf;
+    int has_key;
+    long long timestamp;
+} Fields;
+
+static void release_fields(Fields *f) {
+    if (f->value_buf.obj)
+        PyBuffer_Release(&f->value_buf);
+    if (f->key_buf.obj)
+        PyBuffer_Release(&f->key_buf);
+    if (f->block_buf.obj)
+        PyBuffer_Release(&f->block_buf);
+    Py_XDECREF(f->value);
+    Py_XDECREF(f->key);
+    Py_XDECREF(f->block);
+}
+
+static int read_fields(PyObject *record, PyObject *encode_headers, Fields *f) {
+    memset(f, 0, sizeof(*f));
+    PyObject *stamp = NULL, *headers = NULL;
+    if (!(f->value = PyObject_GetAttr(record, name_value)) || !(f->key = PyObject_GetAttr(record, name_key))
+            || !(f->block = PyObject_GetAttr(record, name_header_block))
+            || !(stamp = PyObject_GetAttr(record, name_timestamp)))
+        goto fail;
+    f->timestamp = PyLong_AsLongLong(stamp);
+    Py_CLEAR(stamp);
+    if (f->timestamp == -1 && PyErr_Occurred())
+        goto fail;
+    int has_block = PyObject_IsTrue(f->block);
+    if (has_block < 0)
+        goto fail;
+    if (!has_block) { /* no shared encoding: the headers' own, as encode_headers makes it */
+        Py_CLEAR(f->block);
+        if (!(headers = PyObject_GetAttr(record, name_headers)))
+            goto fail;
+        int any = PyObject_IsTrue(headers);
+        if (any < 0)
+            goto fail;
+        f->block = any ? PyObject_CallOneArg(encode_headers, headers) : Py_NewRef(no_headers);
+        Py_CLEAR(headers);
+        if (!f->block)
+            goto fail;
+    }
+    if (PyObject_GetBuffer(f->value, &f->value_buf, PyBUF_SIMPLE) < 0
+            || PyObject_GetBuffer(f->block, &f->block_buf, PyBUF_SIMPLE) < 0)
+        goto fail;
+    if (f->key != Py_None) {
+        if (PyObject_GetBuffer(f->key, &f->key_buf, PyBUF_SIMPLE) < 0)
+            goto fail;
+        f->has_key = f->key_buf.len > 0;
+    }
+    return 0;
+
+fail:
+    Py_XDECREF(stamp);
+    Py_XDECREF(headers);
+    release_fields(f);
+    return -1;
+}
+
+/* encode_entries(records, first_offset, leader_epoch, timestamp, encode_headers) -> (data, walked):
+ * entry.encode_entries' loop. A record's key is written when not empty (length -1 for None, 0 for
+ * empty); its header_block when set, else encode_headers(headers), else no headers. */
+static PyObject *encode_entries(PyObject *self, PyObject *args) {
+    PyObject *records, *encode_headers;
+    long long first_offset, timestamp;
+    unsigned long long leader_epoch;
+    if (!PyArg_ParseTuple(args, "O!LKLO", &PyList_Type, &records, &first_offset, &leader_epoch, &timestamp,
+                          &encode_headers))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    Output out = {NULL, 0, 0};
+    PyObject *walked = PyList_New(count);
+    if (!walked)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Fields f;
+        if (read_fields(PyList_GET_ITEM(records, i), encode_headers, &f) < 0)
+            goto fail;
+        uint64_t value_size = (uint64_t)f.value_buf.len, key_size = f.has_key ? (uint64_t)f.key_buf.len : 0;
+        uint64_t body_size = 8 + key_size + value_size + (uint64_t)f.block_buf.len;
+        const char *problem = value_size > 0xFFFFFFFFu ? "value of %llu bytes is too large for an entry"
+                            : key_size > 0x7FFFFFFFu ? "key of %llu bytes is too large for an entry"
+                            : body_size > 0xFFFFFFFFu ? "entry body of %llu bytes is too large" : NULL;
+        if (problem) {
+            unsigned long long size = value_size > 0xFFFFFFFFu ? value_size : key_size > 0x7FFFFFFFu ? key_size
+                                                                                                     : body_size;
+            PyErr_Format(PyExc_ValueError, problem, size);
+            release_fields(&f);
+            goto fail;
+        }
+        if (reserve(&out, HEADER_SIZE + (size_t)body_size) < 0) {
+            release_fields(&f);
+            goto fail;
+        }
+        long long offset = first_offset + i, stamp = f.timestamp ? f.timestamp : timestamp;
+        size_t start = out.size;
+        unsigned char *entry = out.data + start, *p = entry;
+        p = put_be64(p, (uint64_t)offset);
+        p = put_be64(p, (uint64_t)stamp);
+        p = put_be64(p, leader_epoch);
+        p = put_be32(p, (uint32_t)body_size);
+        p += 4; /* the CRC, once the body is in */
+        p = put_be32(p, f.has_key ? (uint32_t)key_size : f.key == Py_None ? 0xFFFFFFFFu : 0);
+        if (f.has_key) {
+            memcpy(p, f.key_buf.buf, (size_t)key_size);
+            p += key_size;
+        }
+        p = put_be32(p, (uint32_t)value_size);
+        memcpy(p, f.value_buf.buf, (size_t)value_size);
+        p += value_size;
+        memcpy(p, f.block_buf.buf, (size_t)f.block_buf.len);
+        release_fields(&f);
+        put_be32(entry + CRC_POSITION, entry_crc(entry, (size_t)body_size));
+        out.size = start + HEADER_SIZE + (size_t)body_size;
+        PyObject *item = Py_BuildValue("LKLnn", offset, leader_epoch, stamp, (Py_ssize_t)start, (Py_ssize_t)out.size);
+        if (!item)
+            goto fail;
+        PyList_SET_ITEM(walked, i, item);
+    }
+    PyObject *data = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.size);
+    PyMem_Free(out.data);
+    if (!data) {
+        Py_DECREF(walked);
+        return NULL;
+    }
+    return Py_BuildValue("NN", data, walked);
+
+fail:
+    PyMem_Free(out.data);
+    Py_DECREF(walked);
+    return NULL;
+}
+
+/* publish_responses(first_offset, indices, correlation_ids, shared) -> bytes: one gRPC-framed
+ * PublishResponse per acked record, as capture.publish_responses writes them: an Ack with its
+ * offset (first_offset + index), its correlation id (when not empty), then the shared fields,
+ * and the correlation id again in the response. */
+static PyObject *publish_responses(PyObject *self, PyObject *args) {
+    PyObject *indices, *correlation_ids;
+    long long first_offset;
+    Py_buffer shared;
+    if (!PyArg_ParseTuple(args, "LO!O!y*", &first_offset, &PyList_Type, &indices, &PyList_Type, &correlation_ids,
+                          &shared))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(indices);
+    Output out = {NULL, 0, 0};
+    if (PyList_GET_SIZE(correlation_ids) != count) {
+        PyErr_SetString(PyExc_ValueError, "as many correlation ids as indices are needed");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long index = PyLong_AsLongLong(PyList_GET_ITEM(indices, i));
+        if (index == -1 && PyErr_Occurred())
+            goto fail;
+        if (index < 0 || first_offset < 0 || index > INT64_MAX - first_offset) {
+            PyErr_SetString(PyExc_ValueError, "an ack's offset is outside [0, 2**63)");
+            goto fail;
+        }
+        Py_ssize_t id_size;
+        const char *id = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(correlation_ids, i), &id_size);
+        if (!id)
+            goto fail;
+        uint64_t offset = (uint64_t)(first_offset + index);
+        size_t id_field = id_size ? 1 + varint_size((uint64_t)id_size) + (size_t)id_size : 0;
+        size_t ack_size = 1 + varint_size(offset) + id_field + (size_t)shared.len;
+        size_t response_size = 1 + varint_size(ack_size) + ack_size + id_field;
+        if (response_size > 0xFFFFFFFFu) {
+            PyErr_SetString(PyExc_ValueError, "a PublishResponse is too large for a gRPC message");
+            goto fail;
+        }
+        if (reserve(&out, 5 + response_size) < 0)
+            goto fail;
+        unsigned char *p = out.data + out.size;
+        *p++ = 0; /* not compressed */
+        p = put_be32(p, (uint32_t)response_size);
+        *p++ = 0x0a; /* PublishResponse.ack */
+        p = put_varint(p, ack_size);
+        *p++ = 0x20; /* Ack.offset */
+        p = put_varint(p, offset);
+        if (id_size) {
+            *p++ = 0x32; /* Ack.correlationId */
+            p = put_varint(p, (uint64_t)id_size);
+            memcpy(p, id, (size_t)id_size);
+            p += id_size;
+        }
+        memcpy(p, shared.buf, (size_t)shared.len);
+        p += shared.len;
+        if (id_size) {
+            *p++ = 0x1a; /* PublishResponse.correlationId */
+            p = put_varint(p, (uint64_t)id_size);
+            memcpy(p, id, (size_t)id_size);
+            p += id_size;
+        }
+        out.size = (size_t)(p - out.data);
+    }
+    PyBuffer_Release(&shared);
+    PyObject *framed = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.size);
+    PyMem_Free(out.data);
+    return framed;
+
+fail:
+    PyBuffer_Release(&shared);
+    PyMem_Free(out.data);
+    return NULL;
+}
+
 /* crc32c(data, value=0): the crc32c package's function, for the tests that hold this one to it. */
 static PyObject *crc32c(PyObject *self, PyObject *args) {
     Py_buffer buf;
@@ -370,6 +597,8 @@ static PyMethodDef methods[] = {
     {"intact_prefix", intact_prefix, METH_VARARGS, "(length, count, stopped) of the whole, intact entries."},
     {"walked_entries", walked_entries, METH_VARARGS, "(entries as scan() yields them, stopped)."},
     {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
+    {"encode_entries", encode_entries, METH_VARARGS, "(entries of the records, what scan() yields of them)."},
+    {"publish_responses", publish_responses, METH_VARARGS, "gRPC-framed PublishResponses acking records."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
     {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
     {NULL, NULL, 0, NULL},
@@ -381,6 +610,12 @@ PyMODINIT_FUNC PyInit__walk(void) {
     uint16_t probe = 1;
     little_endian = *(unsigned char *)&probe == 1;
     crc_init_table();
+    if (!(name_value = PyUnicode_InternFromString("value")) || !(name_key = PyUnicode_InternFromString("key"))
+            || !(name_headers = PyUnicode_InternFromString("headers"))
+            || !(name_timestamp = PyUnicode_InternFromString("timestamp"))
+            || !(name_header_block = PyUnicode_InternFromString("header_block"))
+            || !(no_headers = PyBytes_FromStringAndSize("\0\0", 2)))
+        return NULL;
 #ifdef HAVE_SSE42_PATH
     __builtin_cpu_init();
     use_sse42 = __builtin_cpu_supports("sse4.2");

@@ -8,11 +8,12 @@ whole as the value, because plain publishers must never lose a message to parsin
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bascule.wire import envelope
-from bascule.wire.entry import Record, encode_headers
+from bascule.wire.entry import Record, encode_headers, native
 from bascule.wire.messages import varint
 from bascule.wire.names import is_protocol_token
 from bascule.wire.pb import api_pb2
@@ -32,9 +33,9 @@ class AckRequest:
 
 # Told how one publish ended: (ack, None) on success, (None, error) otherwise.
 AckOutcome = Callable[[api_pb2.Ack | None, BaseException | None], None]
-# Told how a burst's acks of one kind ended: (their indices, their PublishResponses, None), or
-# (their indices, None, error).
-BurstOutcome = Callable[[list[int], list[bytes] | None, BaseException | None], None]
+# Told how a burst's acks of one kind ended: (their indices, their gRPC-framed PublishResponses,
+# None), or (their indices, None, error).
+BurstOutcome = Callable[[list[int], bytes | None, BaseException | None], None]
 
 HEADER_CACHE_SIZE = 4096
 _header_cache: dict[tuple[str, str], tuple[dict[str, bytes], bytes]] = {}
@@ -177,27 +178,52 @@ def encode_acks(
     ]
 
 
-def encode_publish_responses(
+def publish_responses(
     stream: str,
-    partition_subject: str,
+    subject: str,
+    policy: api_pb2.AckPolicy,
     first_offset: int,
-    acks: list[tuple[int, AckRequest]],
+    indices: list[int],
+    correlation_ids: list[str],
     reception_ns: int,
     commit_ns: int,
-) -> list[bytes]:
-    """A serialized PublishResponse (its Ack and correlation id) for each ack of a burst of API
-    publishes whose first record is at ``first_offset``."""
-    responses = []
-    for request, ack in _encoded_acks(stream, partition_subject, first_offset, acks, reception_ns, commit_ns):
-        correlation_id = request.correlation_id.encode()
-        response = _RESPONSE_ACK + varint(len(ack)) + ack
-        if correlation_id:
-            response += _RESPONSE_CORRELATION_ID + varint(len(correlation_id)) + correlation_id
-        responses.append(response)
-    return responses
+) -> bytes:
+    """gRPC-framed PublishResponses acking the records ``indices`` of a burst of API publishes to
+    ``subject`` with ack policy ``policy`` (``correlation_ids[i]`` is ``indices[i]``'s), whose first
+    record is at ``first_offset``. In C when built."""
+    shared = api_pb2.Ack(
+        stream=stream, partitionSubject=subject, msgSubject=subject, ackPolicy=policy,
+        receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
+    ).SerializeToString()
+    if native is None:
+        return publish_responses_python(first_offset, indices, correlation_ids, shared)
+    return native.publish_responses(first_offset, indices, correlation_ids, shared)
+
+
+def publish_responses_python(first_offset: int, indices: list[int], correlation_ids: list[str], shared: bytes) -> bytes:
+    """``publish_responses`` as a Python loop, the C module's reference: each Ack is its own
+    fields (offset, correlation id) followed by ``shared``, the fields every ack of the burst has
+    (protobuf parses concatenated encodings as one message with every field set)."""
+    if len(indices) != len(correlation_ids):
+        raise ValueError("as many correlation ids as indices are needed")
+    framed: list[bytes] = []
+    for index, correlation_id in zip(indices, correlation_ids):
+        if index < 0 or not 0 <= first_offset + index < 1 << 63:
+            raise ValueError("an ack's offset is outside [0, 2**63)")
+        encoded = correlation_id.encode()
+        own = _ACK_OFFSET + varint(first_offset + index)
+        tail = b""
+        if encoded:
+            own += _ACK_CORRELATION_ID + varint(len(encoded)) + encoded
+            tail = _RESPONSE_CORRELATION_ID + varint(len(encoded)) + encoded
+        ack = own + shared
+        response = _RESPONSE_ACK + varint(len(ack)) + ack + tail
+        framed += (b"\x00", _GRPC_LENGTH.pack(len(response)), response)
+    return b"".join(framed)
 
 
 _RESPONSE_ACK, _RESPONSE_CORRELATION_ID = b"\x0a", b"\x1a"  # PublishResponse fields 1 and 3
+_GRPC_LENGTH = struct.Struct(">I")  # after each gRPC message's compressed flag
 _ACK_OFFSET, _ACK_INBOX, _ACK_CORRELATION_ID = b"\x20", b"\x2a", b"\x32"  # Ack fields 4, 5 and 6
 
 

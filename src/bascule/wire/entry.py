@@ -96,10 +96,19 @@ def encode_entries(
     """Encode ``records`` as consecutive entries from ``first_offset``, ready to write, with
     what ``scan`` would yield for them (the log indexes them without walking them again).
 
-    A record's own nonzero timestamp wins over ``timestamp``.
+    A record's own nonzero timestamp wins over ``timestamp``. In C when built.
     """
     _check_range("first offset", first_offset, 0, _MAX_INT64 - len(records))
     _check_range("leader epoch", leader_epoch, 0, _MAX_UINT64)
+    if native is None:
+        return encode_entries_python(first_offset, leader_epoch, records, timestamp)
+    return native.encode_entries(list(records), first_offset, leader_epoch, timestamp, encode_headers)
+
+
+def encode_entries_python(
+    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int
+) -> tuple[bytes, list[WalkedEntry]]:
+    """``encode_entries`` as a Python loop: the C module's reference."""
     pack_header = _HEADER_BEFORE_CRC.pack
     pack_crc = _CRC.pack
     parts: list[bytes] = []
