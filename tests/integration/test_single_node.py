@@ -301,6 +301,29 @@ async def test_an_explicit_zero_retention_limit_is_no_limit(tmp_path):
             assert await oldest("unlimited") == 0
 
 
+async def test_a_streams_own_cleaner_interval_decides_when_its_retention_runs(tmp_path):
+    """Liftbridge's cleanerInterval: a stream that sets it is cleaned that often, whatever the
+    server's streams.cleaner.interval (an hour here); 0 means the server's."""
+    settings = {"streams.retention.max.messages": 5, "streams.segment.max.bytes": 200,
+                "streams.cleaner.interval": "1h"}
+    async with running_node(tmp_path, **settings) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("quick", "quick", cleaner_interval=0.2)
+            await client.create_stream("default", "default", cleaner_interval=0)
+            for name in ("quick", "default"):
+                await client.publish_many(name, [b"message-%02d" % i for i in range(20)], ack_policy="all")
+
+            async def oldest(name: str) -> int:
+                return [m.offset async for m in client.subscribe(name, start="earliest", stop_latest=True)][0]
+
+            deadline = asyncio.get_running_loop().time() + 10
+            while await oldest("quick") == 0:
+                assert asyncio.get_running_loop().time() < deadline, "the stream's cleaner never ran"
+                await asyncio.sleep(0.2)
+            assert await oldest("default") == 0
+
+
 async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):
     """As Liftbridge's, a Publish goes through the stream's NATS subject when another stream captures
     it too (both store it), and an ackInbox the request names gets the ack (Publish and

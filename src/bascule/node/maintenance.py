@@ -23,6 +23,7 @@ from bascule.wire.names import CURSORS_STREAM
 log = logging.getLogger(__name__)
 
 CHECKPOINT_INTERVAL = 5.0
+CLEANER_TICK = 1.0  # how often the cleaner looks for partitions due: finer stream intervals wait for it
 AUTO_PAUSE_CHECK_INTERVAL = 1.0
 MAX_GROUP_LIVENESS_INTERVAL = 1.0
 
@@ -39,11 +40,12 @@ class Maintenance:
         self.metadata = metadata
         self.partitions = partitions
         self.tasks = tasks
+        self._cleaning = CleanerSchedule()
 
     def start(self) -> None:
         jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
             (CHECKPOINT_INTERVAL, self._checkpoint_partitions),
-            (self.config.streams.cleaner_interval, self._clean),
+            (min(CLEANER_TICK, self.config.streams.cleaner_interval), self._clean),
             (self._isr_check_interval(), self._maintain_isrs),
             (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
             # a member expires within a tenth of the timeout of its due time (a second at most)
@@ -62,13 +64,16 @@ class Maintenance:
 
     async def _clean(self) -> None:
         """Liftbridge's cleaner: retention, then compaction by key of the streams that have it
-        (``compactEnabled``, else ``streams.compact.enabled``; the cursors stream always). Leaders
-        and followers compact on their own. One log at a time, its reading and writing in a
-        thread; a log that fails to compact is logged and the others go on."""
+        (``compactEnabled``, else ``streams.compact.enabled``; the cursors stream always), every
+        ``cleanerInterval`` of the stream (else ``streams.cleaner.interval``). Leaders and
+        followers clean on their own. One log at a time, its reading and writing in a thread; a
+        log that fails to compact is logged and the others go on."""
         loop = asyncio.get_running_loop()
-        for (stream_name, partition), local in self.partitions.items():
-            replica = local.replica
-            if replica.closed:
+        replicas = {key: local.replica for key, local in self.partitions.items() if not local.replica.closed}
+        intervals = {key: self._cleaner_interval(key[0]) for key in replicas}
+        for stream_name, partition in self._cleaning.due(intervals, time.monotonic()):
+            replica = replicas[stream_name, partition]
+            if replica.closed:  # closed while an earlier one compacted
                 continue
             replica.log.enforce_retention()
             if replica.failed is not None or not self._compacts(stream_name):
@@ -81,6 +86,11 @@ class Maintenance:
                 await loop.run_in_executor(None, replica.log.finish_compaction(job))
             except OSError:
                 log.exception("%s/%s: compaction failed", stream_name, partition)
+
+    def _cleaner_interval(self, stream_name: str) -> float:
+        stream = self.raft.state.streams.get(stream_name)
+        interval = stream.settings.get("cleaner_interval") if stream is not None else None
+        return interval or self.config.streams.cleaner_interval  # Liftbridge's 0 is the default, as absent
 
     def _compacts(self, stream_name: str) -> bool:
         if stream_name == CURSORS_STREAM:
@@ -156,6 +166,25 @@ class Maintenance:
             log.warning("auto-pause of %s/%s failed: %s", stream_name, partition, exc)
         finally:
             local.pause_requested = False
+
+
+class CleanerSchedule:
+    """When each partition is next cleaned: an interval after it was first seen, then after each
+    clean; partitions no longer there are forgotten."""
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[str, int], float] = {}
+
+    def due(self, intervals: dict[tuple[str, int], float], now: float) -> list[tuple[str, int]]:
+        """The partitions of ``intervals`` (partition -> its interval) due at ``now``, in order."""
+        for gone in self._next.keys() - intervals.keys():
+            del self._next[gone]
+        due = []
+        for key, interval in intervals.items():
+            if now >= self._next.setdefault(key, now + interval):
+                due.append(key)
+                self._next[key] = now + interval
+        return due
 
 
 async def _every(interval: float, job: Callable[[], Awaitable[None]]) -> None:
