@@ -1112,3 +1112,15 @@ def test_request_trailers_crossing_the_answer_are_ignored():
     to_client(pair)
     assert response(pair, stream_id).status == "0"
     assert other
+
+
+def test_frames_of_one_stream_in_a_row_are_one_event_and_their_flow_is_given_back_whole():
+    pair = connect()
+    first = open_call(pair)
+    to_server(pair)
+    second = open_call(pair)
+    for stream_id, message in ((first, b"a"), (first, b"b"), (second, b"c"), (first, b"d")):
+        send_messages(pair, stream_id, [message])  # a DATA frame each, read in one go
+    events = only(to_server(pair), MessagesReceived)
+    assert [(e.stream_id, e.messages) for e in events] == [(first, [b"a", b"b"]), (second, [b"c"]), (first, [b"d"])]
+    assert [e.flow_size for e in events] == [2 * len(frame([b"a"])), len(frame([b"c"])), len(frame([b"d"]))]

@@ -287,7 +287,13 @@ class GrpcConnection:
             events.append(CallCancelled(stream_id))
             return
         if messages:
-            events.append(MessagesReceived(stream_id, messages, size))
+            last = events[-1] if events else None
+            if isinstance(last, MessagesReceived) and last.stream_id == stream_id:
+                # Frames of one stream in a row (a client writing a request per frame): one event.
+                last.messages += messages
+                last.flow_size += size
+            else:
+                events.append(MessagesReceived(stream_id, messages, size))
         else:
             self.acknowledge(stream_id, size)  # part of a message, or padding: the rest must come
         if flags & END_STREAM:
