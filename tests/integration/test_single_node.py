@@ -324,6 +324,35 @@ async def test_a_streams_own_cleaner_interval_decides_when_its_retention_runs(tm
             assert await oldest("default") == 0
 
 
+async def test_publish_async_keeps_each_partitions_order_across_interleaved_and_mixed_requests(tmp_path):
+    """One PublishAsync call, requests to two partitions interleaved, some with headers (which take
+    the general path) and some refused: every partition stores its own in the order sent, each
+    request is answered once, and a refusal takes nothing else with it."""
+    async with running_node(tmp_path) as (node, address), Client(address) as client:
+        await client.wait_ready()
+        await client.create_stream("mixed", "mixed", partitions=2)
+        requests = []
+        for i in range(300):
+            partition = (i // 3) % 2  # runs of three
+            headers = {"n": b"%d" % i} if i % 7 == 0 else {}
+            stream = "nowhere" if i % 50 == 49 else "mixed"
+            requests.append(api_pb2.PublishRequest(stream=stream, partition=partition, value=b"%d" % i,
+                                                   headers=headers, correlationId=str(i),
+                                                   ackPolicy=api_pb2.AckPolicy.ALL))
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = api_pb2_grpc.APIStub(channel).PublishAsync(iter(requests), timeout=20)
+            responses = [response async for response in call]
+        assert sorted(int(r.correlationId) for r in responses) == list(range(300))
+        refused = {int(r.correlationId) for r in responses if r.HasField("asyncError")}
+        assert refused == {i for i in range(300) if i % 50 == 49}
+        for partition in (0, 1):
+            stored = [m async for m in client.subscribe("mixed", partition, start="earliest", stop_latest=True)]
+            sent = [i for i in range(300) if (i // 3) % 2 == partition and i not in refused]
+            assert [int(m.value) for m in stored] == sent
+            assert [m.offset for m in stored] == list(range(len(sent)))
+            assert all((m.headers.get("n") == b"%d" % int(m.value)) == (int(m.value) % 7 == 0) for m in stored)
+
+
 async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):
     """As Liftbridge's, a Publish goes through the stream's NATS subject when another stream captures
     it too (both store it), and an ackInbox the request names gets the ack (Publish and

@@ -285,33 +285,46 @@ class _AsyncCall:
 
     def take(self, requests: list[api_pb2.PublishRequest]) -> None:
         """Route each request: most are plain appends to a partition this node leads, which go
-        into the burst here without the general path's checks (headers, ackInbox, resuming)."""
-        rpcs, burst, resuming = self.rpcs, self.burst, self.resuming
-        limit = rpcs.publishing.max_message_bytes
+        into the burst here without the general path's checks (headers, ackInbox, resuming).
+        What is asked of the partition is asked once per run of requests to it (nothing changes
+        while this runs: no await)."""
+        rpcs, resuming, limit = self.rpcs, self.resuming, self.rpcs.publishing.max_message_bytes
+        checked = rpcs.authorization is not None
+        key: tuple[str, int] | None = None
+        lane: _Lane | None = None
+        run: _Run | None = None  # the burst's run of the lane's partition, if this node appends to it
         for request in requests:
-            refusal = rpcs._denial(request, self.context)
-            key = (request.stream, request.partition)
+            refusal = rpcs._denial(request, self.context) if checked else None
+            if key is None or key[0] != request.stream or key[1] != request.partition:
+                key, lane, run = (request.stream, request.partition), None, None
             if refusal is None and resuming and key in resuming:  # behind requests that resume it: in order
                 resuming[key].append(request)
                 continue
             try:
                 if refusal is not None:
                     raise refusal
-                lane = rpcs._lane(*key)
+                if lane is None:
+                    lane = rpcs._lane(*key)
+                    run = self._run_of(lane)
             except PublishError as error:
                 self.refuse(request, error)
                 continue
-            local = lane.local
             if lane.paused:
                 resuming[key] = [request]
                 self._spawn(self._resume_then_publish(request))
-            elif (local is not None and not request.headers and not request.ackInbox
-                  and (request.ackPolicy != capture.NONE or not local.replica.concurrency_control)
-                  and local.replica.is_leader and request.ByteSize() <= limit):
-                burst.add(local, Record(request.value, request.key or None, lane.headers,
-                                        header_block=lane.header_block), request)
+                key = None  # asked again: requests after this one are held back
+            elif (run is not None and not request.headers and not request.ackInbox
+                  and (request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
+                  and request.ByteSize() <= limit):
+                run.records.append(Record(request.value, request.key or None, lane.headers, 0, lane.header_block))
+                run.requests.append(request)
             else:
                 self.publish(request)
+                key = None  # the burst's last run may have changed
+
+    def _run_of(self, lane: _Lane) -> _Run | None:
+        local = lane.local
+        return self.burst.run(local) if local is not None and local.replica.is_leader else None
 
     def publish(self, request: api_pb2.PublishRequest) -> None:
         """Publish one request the general way; ``respond`` gets its response: a refusal's whatever
@@ -416,19 +429,25 @@ class _Burst:
         self._runs: list[_Run] = []
 
     def add(self, local: LedPartition, record: Record, request: api_pb2.PublishRequest) -> None:
+        run = self.run(local)
+        run.records.append(record)
+        run.requests.append(request)
+
+    def run(self, local: LedPartition) -> _Run:
+        """The run that requests to ``local`` now join (its records and requests, to append to)."""
         runs = self._runs
         if not runs:
             asyncio.get_running_loop().call_soon(self._flush)
         if not runs or runs[-1].local is not local:
             runs.append(_Run(local))
-        run = runs[-1]
-        run.records.append(record)
-        run.requests.append(request)
+        return runs[-1]
 
     def _flush(self) -> None:
         runs, self._runs = self._runs, []
         for run in runs:
             local, requests = run.local, run.requests
+            if not requests:  # taken for requests that all went the general way
+                continue
             policies = [request.ackPolicy for request in requests]
             unanswered = policies.count(capture.NONE)
             try:
