@@ -50,11 +50,16 @@ def derive_key(secret: str) -> bytes:
 
 
 def _tag(key: bytes, subject: str, sealed_rest: bytes | memoryview) -> bytes:
+    mac = _mac(key, subject)
+    mac.update(sealed_rest)
+    return mac.digest()
+
+
+def _mac(key: bytes, subject: str) -> hashlib.blake2b:
     mac = hashlib.blake2b(key=key, digest_size=TAG_SIZE)
     mac.update(subject.encode())
     mac.update(b"\x00")  # a subject never holds NUL: subject and body cannot run into each other
-    mac.update(sealed_rest)
-    return mac.digest()
+    return mac
 
 
 @dataclass
@@ -74,8 +79,11 @@ class Sealer:
 
     def seal(self, subject: str, payload: bytes, now_ms: int) -> bytes:
         self._nonce = (self._nonce + 1) & 0xFFFF_FFFF_FFFF_FFFF
-        rest = _STAMP.pack(now_ms, self._nonce) + payload
-        return _tag(self.key, subject, rest) + rest
+        stamp = _STAMP.pack(now_ms, self._nonce)
+        mac = _mac(self.key, subject)
+        mac.update(stamp)
+        mac.update(payload)
+        return b"".join((mac.digest(), stamp, payload))  # one copy of a payload that may be large
 
     def open(self, subject: str, data: bytes, now_ms: int) -> bytes | Rejection:
         """The payload of a message sealed for ``subject`` with this key, or why it is refused."""
