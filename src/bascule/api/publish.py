@@ -234,6 +234,8 @@ def _accepted(ack: api_pb2.Ack | None) -> api_pb2.Ack | None:
         return ack
     if ack.ackError == api_pb2.Ack.Error.INCORRECT_OFFSET:
         raise _incorrect_offset()
+    if ack.ackError == api_pb2.Ack.Error.ENCRYPTION:  # the leader could not seal it (no master key)
+        raise PublishError(grpc.StatusCode.INTERNAL, "encryption failed on partition", "ENCRYPTION_FAILED")
     raise PublishError(grpc.StatusCode.UNKNOWN, "unknown error", "UNKNOWN")
 
 

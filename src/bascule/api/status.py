@@ -11,6 +11,7 @@ from typing import TypeVar
 import grpc
 
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.partition.encryption import EncryptionUnavailable
 from bascule.partition.replica import NotLeader, PartitionClosed
 from bascule.wire.names import RESERVED_STREAMS
 
@@ -69,6 +70,8 @@ def publish_failure(error: BaseException) -> PublishError:
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
     if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
+    if isinstance(error, EncryptionUnavailable):  # Liftbridge's code and words (Publish: INTERNAL)
+        return PublishError(grpc.StatusCode.INTERNAL, f"encryption failed on partition: {error}", "ENCRYPTION_FAILED")
     if isinstance(error, ValueError):  # a record the log cannot encode
         return PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {error}", "BAD_REQUEST")
     log.error("publish failed", exc_info=error)

@@ -18,6 +18,7 @@ from bascule.api.status import metadata_call
 from bascule.h2grpc import Framed
 from bascule.metadata.groups import NOT_ASSIGNED, subscription_error
 from bascule.metadata.state import MetadataState
+from bascule.partition.encryption import DecryptionFailed
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.batches import as_subscribe_request
@@ -155,6 +156,9 @@ class SubscribeRPCs:
             self.cluster, self.replicas, request.stream, request.partition, context, allow_isr=request.readISRReplica
         )
         replica = local.replica
+        if replica.values is not None and replica.values.problem is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"Partition is encrypted and this server has no valid key: {replica.values.problem}")
         log = replica.log
         bounds = positions.LogBounds(log.oldest_offset, log.newest_offset)
         try:
@@ -195,6 +199,9 @@ async def _committed(
             except CorruptEntry as exc:
                 log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
                 await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+            except DecryptionFailed as exc:
+                log.error("a value of %s/%s does not decrypt: %s", replica.stream, replica.partition, exc)
+                await context.abort(grpc.StatusCode.DATA_LOSS, f"encrypted value does not decrypt at {exc}")
             if count:
                 offset += count
                 replica.messages_to_subscribers += count

@@ -83,6 +83,8 @@ class StreamsConfig:
     auto_pause_disable_if_subscribers: bool = False
     compact_enabled: bool = False  # log compaction by key, for streams that do not set it
     concurrency_control: bool = False  # optimistic concurrency control, for streams that do not set it
+    # Encryption at rest, for streams created without an ``encryption`` option (decided at creation).
+    encryption: bool = False
     # "never", "always", or the fsync interval in seconds.
     sync: str | float = "never"
 

@@ -259,17 +259,6 @@ def _sync_policy(value: Any) -> str | float:
     return interval
 
 
-def _disabled(feature: str) -> Parser:
-    """A Liftbridge switch for a feature bascule lacks: accepted only when off."""
-
-    def parse(value: Any) -> bool:
-        if _boolean(value):
-            raise BadValue(f"false (bascule does not support {feature})")
-        return False
-
-    return parse
-
-
 def _unset(feature: str) -> Parser:
     """A Liftbridge setting for a feature bascule lacks: accepted only when empty."""
 
@@ -348,6 +337,7 @@ SETTINGS: dict[str, Setting] = {
     "streams.sync": Setting(_sync_policy, "streams.sync"),
     "streams.concurrency.control": Setting(_boolean, "streams.concurrency_control"),
     "streams.compact.enabled": Setting(_boolean, "streams.compact_enabled"),
+    "streams.encryption": Setting(_boolean, "streams.encryption"),
     "cursors.stream.partitions": Setting(_integer(0), "cursors.stream_partitions"),
     "cursors.stream.replication.factor": Setting(_integer(-1), "cursors.stream_replication_factor"),
     "cursors.stream.auto.pause.time": Setting(_duration, "cursors.stream_auto_pause_time"),
@@ -359,8 +349,7 @@ SETTINGS: dict[str, Setting] = {
     # bascule's HTTP endpoint of metrics and health probes (MetricsConfig, built by loading).
     "metrics.listen": Setting(_listen),
     "metrics.port": Setting(_port),
-    # Liftbridge features bascule lacks: fine when off, an error when asked for.
-    "streams.encryption": _ignored(_disabled("encryption at rest")),
+    # Liftbridge settings with no effect in bascule: checked, then ignored.
     "batch.max.messages": _ignored(_integer(0)),
     "batch.max.time": _ignored(_duration),
     "metadata.cache.max.age": _ignored(_duration),

@@ -13,6 +13,7 @@ from functools import partial
 
 from bascule.natsio.capture import CaptureConnection, Delivery
 from bascule.node.partitions import LocalPartition
+from bascule.partition.encryption import EncryptionUnavailable
 from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica, ReplicaFailed
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
@@ -99,10 +100,7 @@ class CapturePath:
         if isinstance(error, IncorrectOffset):
             log.debug("refused a message on %s: %s", local.subject, error)
             if ack is not None:
-                self.connection.publish_many([capture.encode_refusal(
-                    local.replica.stream, local.subject, ack, api_pb2.Ack.Error.INCORRECT_OFFSET,
-                    reception_ns, time.time_ns(),
-                )])
+                self._refuse(local, [ack], api_pb2.Ack.Error.INCORRECT_OFFSET, reception_ns)
         elif ack is None:
             self._count_if_dropped(1, offset, error)
         else:
@@ -119,7 +117,9 @@ class CapturePath:
     ) -> None:
         if error is not None or first_offset is None:
             self._count_if_dropped(count, first_offset, error)
-            return  # no ack: the publisher's timeout tells it the write did not happen
+            if isinstance(error, EncryptionUnavailable):  # Liftbridge acks this refusal
+                self._refuse(local, [request for _, request in acks], api_pb2.Ack.Error.ENCRYPTION, reception_ns)
+            return  # else no ack: the publisher's timeout tells it the write did not happen
         on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
         on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]
         for group in (on_write, on_commit):
@@ -127,6 +127,15 @@ class CapturePath:
                 index, request = group[-1]
                 when_ackable(local.replica, request.policy, first_offset + index,
                              partial(self._ackable, local, first_offset, group, reception_ns))
+
+    def _refuse(
+        self, local: LocalPartition, requests: list[capture.AckRequest], error: api_pb2.Ack.Error, reception_ns: int,
+    ) -> None:
+        refused_ns = time.time_ns()
+        self.connection.publish_many([
+            capture.encode_refusal(local.replica.stream, local.subject, request, error, reception_ns, refused_ns)
+            for request in requests
+        ])
 
     def _ackable(
         self, local: LocalPartition, first_offset: int, acks: list[tuple[int, capture.AckRequest]],

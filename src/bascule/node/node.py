@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +22,7 @@ from bascule.config.values import unauthenticated_raft_error
 from bascule.metadata.election import Position
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
-from bascule.metadata.state import ALREADY_EXISTS, INVALID_ARGUMENT, MetadataState
+from bascule.metadata.state import ALREADY_EXISTS, FAILED_PRECONDITION, INVALID_ARGUMENT, MetadataState
 from bascule.natsio.capture import CaptureConnection
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.natsio.sealed import SealedNats
@@ -37,6 +38,8 @@ from bascule.node.maintenance import Maintenance
 from bascule.node.partitions import Partitions
 from bascule.node.publishing import PublishPath
 from bascule.node.tasks import Tasks
+from bascule.partition.encryption import SETTING as ENCRYPTION
+from bascule.partition.encryption import MasterKey, precondition_failure
 from bascule.wire.names import CURSORS_STREAM, stream_name_error, subject_error
 from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.subjects import Subjects
@@ -67,6 +70,8 @@ class Node:
         self.subjects = Subjects(config.clustering.namespace)
         # This process's incarnation: a leader epoch given to an earlier one is never resumed.
         self.incarnation = uuid.uuid4().hex
+        # Encryption at rest: every node of a cluster needs the same key (any may lead any partition).
+        self.master_key = MasterKey.from_environment(os.environb)
         self.server_id = ""
         self.api_port = 0
         self._embedded: EmbeddedNats | None = None
@@ -223,7 +228,7 @@ class Node:
         )
         self._partitions = Partitions(
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
-            self._metadata, self.tasks,
+            self._metadata, self.tasks, self.master_key,
         )
         self._capture = CapturePath(self._capture_connection, self._partitions.schedule_reconcile)
         self._partitions.switch_capture = self._capture.switch
@@ -357,6 +362,12 @@ class Node:
             raise MetadataError(
                 INVALID_ARGUMENT, f"min ISR {min_isr}{origin} exceeds the replication factor {replication_factor}"
             )
+        # Encryption is decided here, once, and recorded with the stream: a stream's partitions are
+        # sealed or not whatever the defaults of the nodes that lead them later.
+        if settings.get(ENCRYPTION, self.config.streams.encryption):
+            if self.master_key.problem is not None:
+                raise MetadataError(FAILED_PRECONDITION, precondition_failure(self.master_key.problem))
+            settings = {**settings, ENCRYPTION: True}
         await self.call(
             "create_stream", name=name, subject=subject, group=group,
             replication_factor=replication_factor, partitions=partitions or 1, settings=settings,
@@ -366,6 +377,10 @@ class Node:
     @property
     def group_timeouts(self) -> tuple[float, float]:
         return self.config.groups.consumer_timeout, self.config.groups.coordinator_timeout
+
+    @property
+    def compact_enabled(self) -> bool:
+        return self.config.streams.compact_enabled
 
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
         """Join (creating the group if need be) through the metadata leader; the group's coordinator

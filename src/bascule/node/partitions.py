@@ -26,6 +26,7 @@ from bascule.metadata.service import MetadataService
 from bascule.metadata.state import MetadataState, Partition, Stream
 from bascule.natsio.sealed import SealedNats
 from bascule.node.tasks import Tasks
+from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
@@ -63,7 +64,7 @@ CaptureSwitch = Callable[[LocalPartition, bool], Awaitable[None]]
 class Partitions:
     def __init__(
         self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: SealedNats, subjects: Subjects,
-        raft: MetadataRaft, metadata: MetadataService, tasks: Tasks,
+        raft: MetadataRaft, metadata: MetadataService, tasks: Tasks, master_key: MasterKey,
     ) -> None:
         self.config = config
         self.data_dir = data_dir
@@ -74,6 +75,7 @@ class Partitions:
         self.raft = raft
         self.metadata = metadata
         self.tasks = tasks
+        self.master_key = master_key
         self.sync_policy = SyncPolicy.parse(config.streams.sync)
         self.switch_capture: CaptureSwitch = _no_capture
         self._local: dict[tuple[str, int], LocalPartition] = {}
@@ -292,9 +294,16 @@ class Partitions:
         commit_log = await asyncio.to_thread(
             CommitLog.open, self._directory(stream, partition.id), self._log_config(stream.settings)
         )
+        values = None
+        if stream_encrypted(stream.name, stream.settings):
+            values = self.master_key.values()
+            if values.problem is not None:
+                log.warning("%s/%s is encrypted and this node has no valid encryption key (%s): it replicates"
+                            " the partition but refuses its writes and reads", stream.name, partition.id,
+                            values.problem)
         replica = PartitionReplica(
             stream.name, partition.id, commit_log, self.sync_policy, time.monotonic, self._notify_followers,
-            concurrency_control(stream.name, stream.settings, self.config.streams.concurrency_control),
+            concurrency_control(stream.name, stream.settings, self.config.streams.concurrency_control), values,
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
 

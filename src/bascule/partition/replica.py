@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from bascule.partition.encryption import EncryptionUnavailable, Values, opening, sealed_records
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replication.concurrency import NO_EXPECTATION, IncorrectOffset, admitted
 from bascule.partition.replication.isr import IsrTracker
@@ -93,6 +94,7 @@ class PartitionReplica:
         clock: Callable[[], float],
         notify_followers: Callable[[PartitionReplica, list[str]], None] = lambda *_: None,
         concurrency_control: bool = False,
+        values: Values | None = None,
     ) -> None:
         self.stream = stream
         self.partition = partition
@@ -120,6 +122,9 @@ class PartitionReplica:
         # Liftbridge's optimistic concurrency control: appends check the offsets publishers expect.
         self.concurrency_control = concurrency_control
         self._pending_expected: list[_Expecting] = []  # under it, one per submit: each is a group
+        # An encrypted stream's: values are sealed as this replica appends them as leader, and
+        # opened for its readers; followers store and serve the leader's sealed bytes as they are.
+        self.values = values
         self._flush_scheduled = False
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
         self._sync_due = False  # records written since the last fsync began (with outcomes or not)
@@ -283,6 +288,14 @@ class PartitionReplica:
         if expecting:
             records, outcomes = self._admitted(records, expecting)
             if not records:
+                return
+        if self.values is not None:
+            try:
+                records = sealed_records(self.values, records)
+            except EncryptionUnavailable as exc:  # nothing is stored unsealed: these writes fail
+                log.warning("%s/%s: refusing %d messages: %s", self.stream, self.partition, len(records), exc)
+                for _, on_written in outcomes:
+                    on_written(None, exc)
                 return
         try:
             try:
@@ -527,19 +540,28 @@ class PartitionReplica:
             pass
 
     def read_committed(self, offset: int, max_entries: int) -> list[Entry]:
+        """Committed entries from ``offset``, their values opened (an encrypted stream's)."""
         hw = self.log.high_watermark
         if offset > hw:
             return []
-        return self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
+        entries = self.log.read(offset, max_entries=min(max_entries, hw - offset + 1))
+        if self.values is not None:
+            for entry in entries:
+                entry.value = self.values.open(entry.value)
+        return entries
 
     def read_committed_through(
         self, offset: int, max_bytes: int, last: int | None = None, walk: EntryWalk = stored_prefix
     ) -> tuple[bytes, int]:
         """What ``walk`` makes of the committed entries from ``offset`` up to ``last`` (checked as
-        it walks them; their stored bytes by default), and how many they are; (b"", 0) when none."""
+        it walks them; their stored bytes by default), and how many they are; (b"", 0) when none.
+        An encrypted stream's entries reach ``walk`` with their values opened: EncryptionUnavailable
+        on a node without the key, DecryptionFailed at a value that does not open."""
         until = self.log.high_watermark if last is None else min(last, self.log.high_watermark)
         if offset > until:
             return b"", 0
+        if self.values is not None:
+            walk = opening(self.values, walk)
         return self.log.read_through(offset, max_bytes, until - offset + 1, walk)
 
     async def sync(self) -> None:
