@@ -389,11 +389,14 @@ class Client:
         return _as_dict(response)
 
     @_rpc_errors
-    async def partitions(self, stream: str = "") -> list[dict]:
-        """Each partition's leader, replicas, ISR, epochs, HW, and every replica's log end and lag."""
+    async def partitions(self, stream: str = "", *, metadata_only: bool = False) -> list[dict]:
+        """Each partition's leader, replicas, ISR, epochs, HW, every replica's log end and lag, and
+        whether its stream is compacted (False from a node older than that field). `metadata_only`:
+        without the HW and the replicas' state, for an answer that never waits on a broker that is down."""
         self._stub()
         stub = admin_pb2_grpc.AdminStub(self._channels[self.address])
-        response = await stub.Partitions(admin_pb2.PartitionsRequest(stream=stream), timeout=self.timeout)
+        request = admin_pb2.PartitionsRequest(stream=stream, metadataOnly=metadata_only)
+        response = await stub.Partitions(request, timeout=self.timeout)
         return [_as_dict(p) for p in response.partitions]
 
     async def wait_ready(self, deadline: float = 10.0) -> None:

@@ -317,6 +317,65 @@ def test_fail_on_data_loss(spark, cluster, broker):
     assert [r[2] for r in from_earliest] == list(range(from_earliest[0][2], 2000))
 
 
+KV_KEYED, KV_KEYLESS = 200, 20
+
+
+@pytest.fixture(scope="module")
+def compacted_stream(broker) -> list[int]:
+    """"kv", compacted by key in small segments: ten keys twenty times over (offsets 0..199), then
+    twenty messages without a key, one at a time (segments roll between appends, so that the
+    active segment, which compaction leaves alone, holds none with a key). Once the cleaner has
+    compacted it, the offsets left: the newest of each key, 190..199, and the keyless 200..219."""
+    run(create(broker, "kv", "kv.in", compact_enabled=True, segment_max_bytes=300))
+    keyed = range(KV_KEYED)
+    run(publish_client(broker, "kv", 0, [b"v%d" % o for o in keyed], keys=[b"k%d" % (o % 10) for o in keyed]))
+    for _ in range(KV_KEYLESS):
+        run(publish_client(broker, "kv", 0, [b"end"]))
+    expected = list(range(KV_KEYED - 10, KV_KEYED + KV_KEYLESS))
+
+    async def until_compacted() -> list[int]:
+        async with Client(broker) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                left = [m.offset async for m in client.subscribe("kv", start="earliest", stop_latest=True)]
+                if left == expected or time.monotonic() > deadline:
+                    return left
+                await asyncio.sleep(0.2)
+
+    assert run(until_compacted()) == expected, "the cleaner did not compact the stream"
+    return expected
+
+
+def test_a_compacted_stream_is_planned_as_such_and_a_log_ending_early_is_still_loss(broker, compacted_stream):
+    from bascule.spark.source import BasculeInputPartition
+
+    async def compaction_said() -> list[bool]:
+        async with Client(broker) as client:
+            return [p["compacted"] for p in await client.partitions("kv", metadata_only=True)]
+
+    assert run(compaction_said()) == [True]
+    end = KV_KEYED + KV_KEYLESS
+    assert plan(broker, stream="kv") == [OffsetRange("kv", 0, compacted_stream[0], end, False, compacted=True)]
+    source = BasculeDataSource({"brokers": broker, "stream": "kv", "pollTimeoutMs": "300"})
+    micro_batch = source.streamReader(source.schema()).partitions({"kv": {"0": 5}}, {"kv": {"0": end}})
+    assert [p.range for p in micro_batch] == [OffsetRange("kv", 0, 5, end, compacted=True)]
+    beyond = BasculeInputPartition(OffsetRange("kv", 0, end - 5, end + 5, compacted=True))
+    with pytest.raises(BasculeSparkError, match=r"offsets 220\.\.224 are gone \(the log now ends before them"):
+        list(source.reader(source.schema()).read(beyond))
+
+
+@spark_test
+def test_a_compacted_stream_reads_over_its_gaps_with_fail_on_data_loss(spark, broker, compacted_stream):
+    # From offset 0 (compacted away, so a strict start), in four ranges of which three hold only
+    # gaps; failOnDataLoss at its default, true.
+    df = reader(spark, broker, stream="kv", startingOffsets='{"kv": {"0": 0}}', minPartitions="4")
+    assert df.rdd.getNumPartitions() == 4
+    rows = sorted((r["offset"], r["key"] and bytes(r["key"]), bytes(r["value"])) for r in df.collect())
+    assert rows == [
+        (o, b"k%d" % (o % 10), b"v%d" % o) if o < KV_KEYED else (o, None, b"end") for o in compacted_stream
+    ]
+
+
 # ---- streaming -----------------------------------------------------------------------------------
 
 

@@ -1,9 +1,13 @@
 """bascule.spark.planning: which offsets a read takes, as pure rules (no Spark session, no brokers)."""
 
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("pyspark", reason="PySpark is not installed (pip install -e '.[spark]')")
 
+from bascule.client import _as_dict  # noqa: E402
 from bascule.spark.errors import BasculeSparkError  # noqa: E402
 from bascule.spark.options import EARLIEST, LATEST, OffsetSpec, Selection  # noqa: E402
 from bascule.spark.planning import (  # noqa: E402
@@ -15,6 +19,7 @@ from bascule.spark.planning import (  # noqa: E402
     cap,
     check_progress,
     check_streams_exist,
+    compacted_streams,
     next_end,
     offsets_from_json,
     offsets_to_json,
@@ -26,6 +31,7 @@ from bascule.spark.planning import (  # noqa: E402
     split_ranges,
     streams_not_created_yet,
 )
+from bascule.wire.pb import admin_pb2  # noqa: E402
 
 # ---- the checkpoint form -------------------------------------------------------------------------
 
@@ -55,6 +61,47 @@ def test_range_size_and_what_counts_as_data_loss():
     assert from_earliest.loses(11)  # a gap inside the range is loss all the same
 
 
+def test_a_compacted_streams_gaps_are_no_data_loss_wherever_they_are():
+    for strict_start in (True, False):
+        compacted = OffsetRange("s", 0, 10, 20, strict_start, compacted=True)
+        assert not compacted.loses(10) and not compacted.loses(15) and not compacted.loses(19)
+
+
+# ---- which streams are compacted -----------------------------------------------------------------
+
+
+def statuses(*messages: admin_pb2.PartitionStatus) -> list[dict]:
+    """The partition statuses as the client makes them of what a node sends."""
+    return [_as_dict(admin_pb2.PartitionStatus.FromString(m.SerializeToString())) for m in messages]
+
+
+def test_the_compacted_streams_are_those_the_partition_statuses_say():
+    answer = statuses(
+        admin_pb2.PartitionStatus(stream="kv", partition=0, compacted=True),
+        admin_pb2.PartitionStatus(stream="kv", partition=1, compacted=True),
+        admin_pb2.PartitionStatus(stream="plain", partition=0, highWatermark=9),
+    )
+    assert compacted_streams(answer) == {"kv"}
+    assert compacted_streams([]) == frozenset()
+
+
+def test_a_status_from_a_node_older_than_the_field_says_not_compacted():
+    # Written as such a node writes it: fields 1..11 only (proto3 leaves a false bool out, too).
+    older = admin_pb2.PartitionStatus(stream="kv", partition=0, leader="a", replicas=["a"], paused=True, readonly=True)
+    assert 12 not in {field.number for field, _ in older.ListFields()}
+    assert compacted_streams(statuses(older)) == frozenset()
+    assert compacted_streams([{"stream": "kv"}, {"stream": "kv", "compacted": 1}, {"compacted": True}]) == frozenset()
+
+
+@given(st.binary(max_size=200))
+def test_garbage_statuses_are_refused_or_name_at_most_their_own_stream(data):
+    try:
+        status = admin_pb2.PartitionStatus.FromString(data)
+    except DecodeError:
+        return
+    assert compacted_streams([_as_dict(status)]) <= {status.stream}
+
+
 def test_split_ranges_for_min_partitions_and_max_records():
     ranges = [OffsetRange("s", 0, 0, 900), OffsetRange("s", 1, 0, 100, strict_start=False), OffsetRange("s", 2, 7, 7)]
     parts = split_ranges(ranges, min_partitions=10)
@@ -63,6 +110,8 @@ def test_split_ranges_for_min_partitions_and_max_records():
     assert [(r.start, r.end) for r in split_ranges([ranges[0]], max_records=400)] == [(0, 300), (300, 600), (600, 900)]
     halves = split_ranges([ranges[1]], max_records=50)
     assert [(r.start, r.end, r.strict_start) for r in halves] == [(0, 50, False), (50, 100, True)]
+    compacted = split_ranges([OffsetRange("s", 0, 0, 100, compacted=True)], max_records=30)
+    assert len(compacted) == 4 and all(r.compacted for r in compacted)
 
 
 def test_split_ranges_drops_empty_and_backwards_ranges_and_never_cuts_below_one_message():
@@ -151,6 +200,9 @@ def test_batch_ranges_and_a_start_after_its_end():
         OffsetRange("s", 0, 2, 2), OffsetRange("s", 1, 5, 9, strict_start=False), OffsetRange("t", 0, 0, 0)
     ]
     assert batch_ranges({}, {}, set()) == []
+    assert batch_ranges(start, end, set(), compacted={"s"}) == [
+        OffsetRange("s", 0, 2, 2, compacted=True), OffsetRange("s", 1, 5, 9, compacted=True), OffsetRange("t", 0, 0, 0)
+    ]
     with pytest.raises(BasculeSparkError, match="the starting offset 50 of s/0 is after its ending offset 40"):
         batch_ranges({"s": {0: 50}}, {"s": {0: 40}}, set())
 
@@ -175,6 +227,10 @@ def test_new_and_reset_partitions_are_read_from_their_start_and_available_now_ca
     ranges = plan_ranges({"s": {0: 10, 1: 50}}, {"s": {0: 20, 1: 30, 2: 5}})
     assert ranges == [OffsetRange("s", 0, 10, 20), OffsetRange("s", 1, 0, 30, False), OffsetRange("s", 2, 0, 5, False)]
     assert plan_ranges({"s": {0: 10}}, {"s": {0: 10}}) == []  # nothing new
+    assert plan_ranges({"s": {0: 10}, "t": {0: 1}}, {"s": {0: 20, 1: 5}, "t": {0: 2}}, compacted={"s"}) == [
+        OffsetRange("s", 0, 10, 20, compacted=True), OffsetRange("s", 1, 0, 5, False, compacted=True),
+        OffsetRange("t", 0, 1, 2),
+    ]
     # A partition created after the run began waits for the next run.
     assert cap({"s": {0: 90, 1: 4}}, {"s": {0: 50}}, {"s": {0: 10}}) == {"s": {0: 50}}
     # One already read past the target (a restarted run) stays where it is.

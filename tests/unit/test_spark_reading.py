@@ -82,3 +82,12 @@ def test_no_message_for_poll_timeout_ms_is_the_subscriptions_failure_after_what_
     reader = fill(OffsetRange("s", 0, 0, 10), [0, 1], then_wait=True, pollTimeoutMs="50")
     assert isinstance(reader.failure, TimeoutError)
     assert (offsets_of(reader), reader.expected, reader.ended) == ([0, 1], 2, False)
+
+
+def test_a_compacted_streams_gaps_are_read_over_without_error_or_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="bascule.spark"):
+        reader = fill(OffsetRange("s", 0, 0, 10, compacted=True), [2, 5, 6, 9])  # failOnDataLoss true
+        after_start = fill(OffsetRange("s", 0, 3, 10, compacted=True), [3, 8, 12])
+    assert (offsets_of(reader), reader.expected, reader.ended, reader.failure) == ([2, 5, 6, 9], 10, True, None)
+    assert (offsets_of(after_start), after_start.expected, after_start.ended) == ([3, 8], 9, True)
+    assert caplog.records == []

@@ -3,7 +3,7 @@
 The Raft leader alone knows each voter's match index, so Status is answered from
 its view, fetched over NATS when another node is asked. Partition state is spread
 over the replicas: Partitions asks every broker for its local log ends at once and
-merges the answers with the metadata.
+merges the answers with the metadata (unless only the metadata is asked for).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 
 from bascule.api.ports import Cluster, ClusterQueries
 from bascule.wire.pb import admin_pb2
+from bascule.wire.settings import compacted
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +44,26 @@ class Admin:
         return response
 
     async def Partitions(self, request, context):
-        reports = await self.queries.gather_replica_reports(GATHER_TIMEOUT)
+        reports = {} if request.metadataOnly else await self.queries.gather_replica_reports(GATHER_TIMEOUT)
         partitions = [
-            (p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly)
+            (
+                p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly,
+                compacted(st.name, st.settings, self.cluster.compact_enabled),
+            )
             for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream
             for p in st.partitions.values()
         ]
         response = admin_pb2.PartitionsResponse()
-        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly in sorted(partitions):
+        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly, compact in sorted(partitions):
             key = f"{stream}/{pid}"
             leader_end, leader_hw, _ = reports.get(leader, {}).get(key, (-1, -1, -1))
             status = response.partitions.add(
                 stream=stream, partition=pid, leader=leader, replicas=replicas, isr=isr,
                 highWatermark=leader_hw, partitionEpoch=epoch, leaderEpoch=leader_epoch,
-                paused=paused, readonly=readonly,
+                paused=paused, readonly=readonly, compacted=compact,
             )
+            if request.metadataOnly:
+                continue
             for replica in replicas:
                 reachable = key in reports.get(replica, {})
                 end, hw, _ = reports.get(replica, {}).get(key, (-1, -1, -1))

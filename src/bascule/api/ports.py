@@ -50,6 +50,11 @@ class Cluster(Protocol):
         """groups.consumer.timeout and groups.coordinator.timeout, in seconds."""
         ...
 
+    @property
+    def compact_enabled(self) -> bool:
+        """streams.compact.enabled: whether a stream that does not set compactEnabled is compacted."""
+        ...
+
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
         """Join ``group`` (created if need be); its coordinator and epoch. Raises MetadataError."""
         ...

@@ -19,6 +19,7 @@ from bascule.node.tasks import Tasks
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest
 from bascule.wire.names import CURSORS_STREAM
+from bascule.wire.settings import compacted
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,9 @@ class Maintenance:
         return interval or self.config.streams.cleaner_interval  # Liftbridge's 0 is the default, as absent
 
     def _compacts(self, stream_name: str) -> bool:
-        if stream_name == CURSORS_STREAM:
-            return True
         stream = self.raft.state.streams.get(stream_name)
         settings = stream.settings if stream is not None else {}
-        return bool(settings.get("compact_enabled", self.config.streams.compact_enabled))
+        return compacted(stream_name, settings, self.config.streams.compact_enabled)
 
     async def _sync_partitions(self) -> None:
         for local in self.partitions.all():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
-from bascule.client import Client, Message, PartitionInfo
+import grpc
+
+from bascule.client import BasculeError, Client, Message, PartitionInfo
 from bascule.spark import planning
 from bascule.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, Selection
 from bascule.spark.planning import (
@@ -64,6 +66,30 @@ async def discover(client: Client, selection: Selection) -> Partitions:
     return result
 
 
+# A node that cannot say which streams are compacted: a server without bascule's admin API, or one
+# whose authorization does not let this client call it.
+_NO_COMPACTION_ANSWER = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+async def compacted(client: Client, streams: Collection[str]) -> frozenset[str]:
+    """Which of `streams` are compacted by key, as bascule's admin API says (one call: for the one
+    stream, or for all). A node that cannot say leaves every stream not compacted (their gaps are
+    data loss), with a warning."""
+    if not streams:
+        return frozenset()
+    try:
+        statuses = await client.partitions(next(iter(streams)) if len(streams) == 1 else "", metadata_only=True)
+    except BasculeError as exc:
+        if exc.code not in _NO_COMPACTION_ANSWER:
+            raise
+        log.warning(
+            "cannot tell which streams are compacted (%s): a gap compaction left in one will count as data loss",
+            exc,
+        )
+        return frozenset()
+    return planning.compacted_streams(statuses) & frozenset(streams)
+
+
 # ---- offsets -------------------------------------------------------------------------------------
 
 
@@ -78,7 +104,7 @@ async def batch_ranges(client: Client, options: ReadOptions) -> list[OffsetRange
         strict_timestamps=options.timestamp_strategy == "error",
     )
     end, _ = await resolve(client, options.ending, parts, default=LATEST, option="ending offsets")
-    return planning.batch_ranges(start, end, from_earliest)
+    return planning.batch_ranges(start, end, from_earliest, await compacted(client, list(parts.infos)))
 
 
 async def initial_offsets(client: Client, options: ReadOptions) -> Offsets:

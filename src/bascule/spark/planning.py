@@ -8,8 +8,8 @@ holds the messages start .. end-1. In Spark's checkpoint they are JSON: {"stream
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from bascule.spark.errors import BasculeSparkError
@@ -46,22 +46,35 @@ def offsets_from_json(value: Mapping[str, Mapping[str, int]] | None) -> Offsets:
 @dataclass(frozen=True)
 class OffsetRange:
     """Messages start .. end-1 of one partition. `strict_start` False: data missing at the
-    start is expected (the range begins at "earliest") and is no data loss."""
+    start is expected (the range begins at "earliest") and is no data loss. `compacted`: the
+    stream is compacted by key, so offsets missing inside its log are expected too."""
 
     stream: str
     partition: int
     start: int
     end: int
     strict_start: bool = True
+    compacted: bool = False
 
     @property
     def size(self) -> int:
         return max(0, self.end - self.start)
 
     def loses(self, first_missing: int) -> bool:
-        """Whether messages missing from `first_missing` on are data loss: not at the start of a
-        range that begins at "earliest" (retention may have moved the oldest offset since planning)."""
-        return self.strict_start or first_missing > self.start
+        """Whether offsets the log skips from `first_missing` on are data loss: not in a compacted
+        stream (compaction leaves gaps by design), nor at the start of a range that begins at
+        "earliest" (retention may have moved the oldest offset since planning). A log that ends
+        before the range is another matter: loss whatever the range (the reader's to tell)."""
+        return not self.compacted and (self.strict_start or first_missing > self.start)
+
+
+def compacted_streams(statuses: Iterable[Mapping[str, object]]) -> frozenset[str]:
+    """The streams that the admin API's partition statuses (as the client's dicts) say are
+    compacted. A status without the field (from a node older than it) says not, so that stream's
+    gaps stay data loss."""
+    return frozenset(
+        name for s in statuses if s.get("compacted") is True and isinstance(name := s.get("stream"), str)
+    )
 
 
 def split_ranges(
@@ -83,7 +96,7 @@ def split_ranges(
         for i in range(parts):
             start = r.start + r.size * i // parts
             end = r.start + r.size * (i + 1) // parts
-            out.append(OffsetRange(r.stream, r.partition, start, end, r.strict_start or i > 0))
+            out.append(replace(r, start=start, end=end, strict_start=r.strict_start or i > 0))
     return out
 
 
@@ -199,8 +212,10 @@ def resolve(
     return offsets, {p for p, request in requested.items() if request == EARLIEST}
 
 
-def batch_ranges(start: Offsets, end: Offsets, from_earliest: set[Partition]) -> list[OffsetRange]:
-    """The ranges of a batch read, by stream and partition."""
+def batch_ranges(
+    start: Offsets, end: Offsets, from_earliest: set[Partition], compacted: Set[str] = frozenset()
+) -> list[OffsetRange]:
+    """The ranges of a batch read, by stream and partition; those of the `compacted` streams say so."""
     ranges = []
     for stream in sorted(end):
         for partition in sorted(end[stream]):
@@ -209,7 +224,8 @@ def batch_ranges(start: Offsets, end: Offsets, from_earliest: set[Partition]) ->
                 raise BasculeSparkError(
                     f"the starting offset {b} of {stream}/{partition} is after its ending offset {e}"
                 )
-            ranges.append(OffsetRange(stream, partition, b, e, (stream, partition) not in from_earliest))
+            strict = (stream, partition) not in from_earliest
+            ranges.append(OffsetRange(stream, partition, b, e, strict, stream in compacted))
     return ranges
 
 
@@ -354,17 +370,18 @@ def cap(end: Offsets, target: Offsets, start: Offsets) -> Offsets:
     return capped
 
 
-def plan_ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
-    """The ranges of one micro-batch. A partition absent from `start` is new: read from its
-    beginning (offset 0, no data loss if its oldest messages are gone). One whose end is below its
-    start was reset (deleted and created again); `check_progress` has decided it may be read from 0."""
+def plan_ranges(start: Offsets, end: Offsets, compacted: Set[str] = frozenset()) -> list[OffsetRange]:
+    """The ranges of one micro-batch; those of the `compacted` streams say so. A partition absent
+    from `start` is new: read from its beginning (offset 0, no data loss if its oldest messages are
+    gone). One whose end is below its start was reset (deleted and created again); `check_progress`
+    has decided it may be read from 0."""
     ranges = []
     for s in sorted(end):
         for p in sorted(end[s]):
             e = end[s][p]
             b = start.get(s, {}).get(p)
             if b is None or e < b:
-                ranges.append(OffsetRange(s, p, 0, e, strict_start=False))
+                ranges.append(OffsetRange(s, p, 0, e, strict_start=False, compacted=s in compacted))
             elif e > b:
-                ranges.append(OffsetRange(s, p, b, e))
+                ranges.append(OffsetRange(s, p, b, e, compacted=s in compacted))
     return ranges

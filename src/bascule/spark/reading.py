@@ -1,6 +1,7 @@
 """Reading one offset range of one partition, as Arrow record batches: a subscription through
 bascule's client, resumed from the next offset on a fresh client after a leader change or a node
-restart; offsets missing from the log are data loss (`failOnDataLoss`) or skipped."""
+restart; offsets missing from the log are data loss (`failOnDataLoss`) or skipped, except the gaps
+of a compacted stream, which are its nature."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def read(options: ReadOptions, r: OffsetRange, schema: pa.Schema) -> Iterator[pa
 async def read_range(options: ReadOptions, r: OffsetRange, schema: pa.Schema) -> AsyncGenerator[pa.RecordBatch, None]:
     """The committed messages r.start .. r.end-1 of one partition, as record batches of `schema`.
 
-    Messages missing at the start of a range that begins at "earliest" are skipped quietly; any
-    other missing offset is data loss."""
+    Offsets the log skips are skipped quietly in a compacted stream, and at the start of a range
+    that begins at "earliest"; elsewhere they are data loss. A log that ends before the range (or
+    a partition gone) is data loss in any stream."""
     expected, failures = r.start, 0
     while expected < r.end:
         client = await connect(options.brokers, options.request_timeout, options.tls)

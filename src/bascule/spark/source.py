@@ -203,7 +203,13 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
 
     # -- batches --
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return self._inputs(plan_ranges(offsets_from_json(start), offsets_from_json(end)))
+        begin, finish = offsets_from_json(start), offsets_from_json(end)
+        o = self.options
+        compacted = run_with_client(
+            o.brokers, o.request_timeout, lambda client: lookups.compacted(client, list(finish)),
+            "finding the compacted streams", o.tls,
+        )
+        return self._inputs(plan_ranges(begin, finish, compacted))
 
     def commit(self, end: dict) -> None:
         pass  # the offsets live in Spark's checkpoint; nothing is held on the brokers

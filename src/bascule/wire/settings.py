@@ -10,9 +10,10 @@ in Liftbridge (an absent one is the cluster default).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from bascule.wire.names import MAX_REPLICATION_FACTOR
+from bascule.wire.names import CURSORS_STREAM, MAX_REPLICATION_FACTOR
 
 _MAX_INT64 = (1 << 63) - 1
 # Index points hold a segment position as uint32: a segment must stay below 4 GiB.
@@ -72,6 +73,13 @@ def set_on_request(request: Any, settings: dict[str, Any]) -> None:
             raise ValueError(f"unknown stream setting {key!r}")
         field = getattr(request, setting.api_field)
         field.value = value if setting.api_unit is None else round(value / setting.api_unit)
+
+
+def compacted(stream: str, settings: Mapping[str, Any], server_default: bool) -> bool:
+    """Whether the cleaner compacts a stream's partitions by key: the cursors stream always (its
+    records are the latest position of each cursor), another as its compactEnabled says, else as
+    the server's streams.compact.enabled."""
+    return stream == CURSORS_STREAM or bool(settings.get("compact_enabled", server_default))
 
 
 def settings_error(settings: Any) -> str | None:

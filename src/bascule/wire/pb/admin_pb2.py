@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0b\x61\x64min.proto\x12\rbascule.admin\"\x0f\n\rStatusRequest\"I\n\nBrokerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x13\n\x0braftAddress\x18\x04 \x01(\t\"n\n\x05Voter\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08\x62rokerId\x18\x02 \x01(\t\x12\x12\n\nmatchIndex\x18\x03 \x01(\x03\x12\x0b\n\x03lag\x18\x04 \x01(\x03\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x0e\n\x06leader\x18\x06 \x01(\x08\"\xc3\x01\n\x0eStatusResponse\x12*\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x19.bascule.admin.BrokerInfo\x12\x12\n\nraftLeader\x18\x02 \x01(\t\x12\x14\n\x0craftLeaderId\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ommitIndex\x18\x05 \x01(\x03\x12$\n\x06voters\x18\x06 \x03(\x0b\x32\x14.bascule.admin.Voter\x12\x12\n\nansweredBy\x18\x07 \x01(\t\"#\n\x11PartitionsRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"w\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0clogEndOffset\x18\x02 \x01(\x03\x12\x15\n\rhighWatermark\x18\x03 \x01(\x03\x12\x0b\n\x03lag\x18\x04 \x01(\x03\x12\r\n\x05inIsr\x18\x05 \x01(\x08\x12\x11\n\treachable\x18\x06 \x01(\x08\"\xfe\x01\n\x0fPartitionStatus\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x10\n\x08replicas\x18\x04 \x03(\t\x12\x0b\n\x03isr\x18\x05 \x03(\t\x12\x15\n\rhighWatermark\x18\x06 \x01(\x03\x12\x16\n\x0epartitionEpoch\x18\x07 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x08 \x01(\x03\x12\x33\n\rreplicaStatus\x18\t \x03(\x0b\x32\x1c.bascule.admin.ReplicaStatus\x12\x0e\n\x06paused\x18\n \x01(\x08\x12\x10\n\x08readonly\x18\x0b \x01(\x08\"H\n\x12PartitionsResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.bascule.admin.PartitionStatus2\xa5\x01\n\x05\x41\x64min\x12G\n\x06Status\x12\x1c.bascule.admin.StatusRequest\x1a\x1d.bascule.admin.StatusResponse\"\x00\x12S\n\nPartitions\x12 .bascule.admin.PartitionsRequest\x1a!.bascule.admin.PartitionsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0b\x61\x64min.proto\x12\rbascule.admin\"\x0f\n\rStatusRequest\"I\n\nBrokerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x13\n\x0braftAddress\x18\x04 \x01(\t\"n\n\x05Voter\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08\x62rokerId\x18\x02 \x01(\t\x12\x12\n\nmatchIndex\x18\x03 \x01(\x03\x12\x0b\n\x03lag\x18\x04 \x01(\x03\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x0e\n\x06leader\x18\x06 \x01(\x08\"\xc3\x01\n\x0eStatusResponse\x12*\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x19.bascule.admin.BrokerInfo\x12\x12\n\nraftLeader\x18\x02 \x01(\t\x12\x14\n\x0craftLeaderId\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ommitIndex\x18\x05 \x01(\x03\x12$\n\x06voters\x18\x06 \x03(\x0b\x32\x14.bascule.admin.Voter\x12\x12\n\nansweredBy\x18\x07 \x01(\t\"9\n\x11PartitionsRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x14\n\x0cmetadataOnly\x18\x02 \x01(\x08\"w\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0clogEndOffset\x18\x02 \x01(\x03\x12\x15\n\rhighWatermark\x18\x03 \x01(\x03\x12\x0b\n\x03lag\x18\x04 \x01(\x03\x12\r\n\x05inIsr\x18\x05 \x01(\x08\x12\x11\n\treachable\x18\x06 \x01(\x08\"\x91\x02\n\x0fPartitionStatus\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x10\n\x08replicas\x18\x04 \x03(\t\x12\x0b\n\x03isr\x18\x05 \x03(\t\x12\x15\n\rhighWatermark\x18\x06 \x01(\x03\x12\x16\n\x0epartitionEpoch\x18\x07 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x08 \x01(\x03\x12\x33\n\rreplicaStatus\x18\t \x03(\x0b\x32\x1c.bascule.admin.ReplicaStatus\x12\x0e\n\x06paused\x18\n \x01(\x08\x12\x10\n\x08readonly\x18\x0b \x01(\x08\x12\x11\n\tcompacted\x18\x0c \x01(\x08\"H\n\x12PartitionsResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.bascule.admin.PartitionStatus2\xa5\x01\n\x05\x41\x64min\x12G\n\x06Status\x12\x1c.bascule.admin.StatusRequest\x1a\x1d.bascule.admin.StatusResponse\"\x00\x12S\n\nPartitions\x12 .bascule.admin.PartitionsRequest\x1a!.bascule.admin.PartitionsResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,13 +41,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSRESPONSE']._serialized_start=235
   _globals['_STATUSRESPONSE']._serialized_end=430
   _globals['_PARTITIONSREQUEST']._serialized_start=432
-  _globals['_PARTITIONSREQUEST']._serialized_end=467
-  _globals['_REPLICASTATUS']._serialized_start=469
-  _globals['_REPLICASTATUS']._serialized_end=588
-  _globals['_PARTITIONSTATUS']._serialized_start=591
-  _globals['_PARTITIONSTATUS']._serialized_end=845
-  _globals['_PARTITIONSRESPONSE']._serialized_start=847
-  _globals['_PARTITIONSRESPONSE']._serialized_end=919
-  _globals['_ADMIN']._serialized_start=922
-  _globals['_ADMIN']._serialized_end=1087
+  _globals['_PARTITIONSREQUEST']._serialized_end=489
+  _globals['_REPLICASTATUS']._serialized_start=491
+  _globals['_REPLICASTATUS']._serialized_end=610
+  _globals['_PARTITIONSTATUS']._serialized_start=613
+  _globals['_PARTITIONSTATUS']._serialized_end=886
+  _globals['_PARTITIONSRESPONSE']._serialized_start=888
+  _globals['_PARTITIONSRESPONSE']._serialized_end=960
+  _globals['_ADMIN']._serialized_start=963
+  _globals['_ADMIN']._serialized_end=1128
 # @@protoc_insertion_point(module_scope)

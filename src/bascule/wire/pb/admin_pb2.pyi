@@ -57,10 +57,12 @@ class StatusResponse(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., raftLeader: _Optional[str] = ..., raftLeaderId: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[Voter, _Mapping]]] = ..., answeredBy: _Optional[str] = ...) -> None: ...
 
 class PartitionsRequest(_message.Message):
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "metadataOnly")
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    METADATAONLY_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+    metadataOnly: bool
+    def __init__(self, stream: _Optional[str] = ..., metadataOnly: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("id", "logEndOffset", "highWatermark", "lag", "inIsr", "reachable")
@@ -79,7 +81,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., logEndOffset: _Optional[int] = ..., highWatermark: _Optional[int] = ..., lag: _Optional[int] = ..., inIsr: _Optional[bool] = ..., reachable: _Optional[bool] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("stream", "partition", "leader", "replicas", "isr", "highWatermark", "partitionEpoch", "leaderEpoch", "replicaStatus", "paused", "readonly")
+    __slots__ = ("stream", "partition", "leader", "replicas", "isr", "highWatermark", "partitionEpoch", "leaderEpoch", "replicaStatus", "paused", "readonly", "compacted")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +93,7 @@ class PartitionStatus(_message.Message):
     REPLICASTATUS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     READONLY_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
     stream: str
     partition: int
     leader: str
@@ -102,7 +105,8 @@ class PartitionStatus(_message.Message):
     replicaStatus: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     paused: bool
     readonly: bool
-    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., partitionEpoch: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., replicaStatus: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ...) -> None: ...
+    compacted: bool
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., partitionEpoch: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., replicaStatus: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ..., compacted: _Optional[bool] = ...) -> None: ...
 
 class PartitionsResponse(_message.Message):
     __slots__ = ("partitions",)

@@ -1,0 +1,55 @@
+"""bascule.api.admin's Partitions: whether each stream is compacted, and the metadata-only answer
+that asks no replica (the metadata and the replicas' reports are stand-ins: no node, no NATS)."""
+
+import asyncio
+from types import SimpleNamespace
+
+from bascule.api.admin import Admin
+from bascule.metadata.state import Partition, Stream
+from bascule.wire.names import CURSORS_STREAM
+from bascule.wire.pb import admin_pb2
+from bascule.wire.settings import compacted
+
+
+def stream(name: str, **settings) -> Stream:
+    partition = Partition(name, 0, replicas=("a",), leader="a", isr=("a",))
+    return Stream(name, name, "", 0, settings, {0: partition})
+
+
+class Queries:
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def gather_replica_reports(self, timeout, expected=None):
+        self.asked += 1
+        return {"a": {f"{name}/0": (10, 9, 1) for name in ("on", "off", "unset")}}
+
+
+def partitions(compact_enabled: bool, metadata_only: bool) -> tuple[list[admin_pb2.PartitionStatus], int]:
+    streams = [stream("on", compact_enabled=True), stream("off", compact_enabled=False), stream("unset")]
+    state = SimpleNamespace(streams={s.name: s for s in streams})
+    cluster = SimpleNamespace(state=state, compact_enabled=compact_enabled)
+    queries = Queries()
+    request = admin_pb2.PartitionsRequest(metadataOnly=metadata_only)
+    response = asyncio.run(Admin(cluster, queries).Partitions(request, None))
+    return list(response.partitions), queries.asked
+
+
+def test_a_stream_is_compacted_as_its_own_setting_says_else_as_the_node_default():
+    assert compacted("s", {"compact_enabled": True}, False) and compacted("s", {}, True)
+    assert not compacted("s", {"compact_enabled": False}, True) and not compacted("s", {}, False)
+    assert compacted(CURSORS_STREAM, {}, False)  # the cleaner always compacts the cursors
+
+
+def test_partitions_say_which_streams_are_compacted():
+    for default in (False, True):
+        statuses, asked = partitions(default, metadata_only=False)
+        assert {p.stream: p.compacted for p in statuses} == {"off": False, "on": True, "unset": default}
+        assert asked == 1 and all(p.highWatermark == 9 and len(p.replicaStatus) == 1 for p in statuses)
+
+
+def test_metadata_only_asks_no_replica_and_still_says_which_streams_are_compacted():
+    statuses, asked = partitions(True, metadata_only=True)
+    assert asked == 0
+    assert {p.stream: p.compacted for p in statuses} == {"off": False, "on": True, "unset": True}
+    assert all(p.highWatermark == -1 and not p.replicaStatus and p.leader == "a" for p in statuses)
