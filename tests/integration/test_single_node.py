@@ -1,6 +1,7 @@
 """One in-process node with embedded NATS, driven by gufo-liftbridge, nats-py and bascule's client."""
 
 import asyncio
+import contextlib
 import logging
 import os
 
@@ -351,6 +352,42 @@ async def test_publish_async_keeps_each_partitions_order_across_interleaved_and_
             assert [int(m.value) for m in stored] == sent
             assert [m.offset for m in stored] == list(range(len(sent)))
             assert all((m.headers.get("n") == b"%d" % int(m.value)) == (int(m.value) % 7 == 0) for m in stored)
+
+
+async def test_reverse_subscribe_reads_newest_to_oldest_as_liftbridge(tmp_path):
+    """liftbridge-api v2's SubscribeRequest.reverse: the committed messages from the start position
+    down to the oldest, newest first, the same Messages a forward read gets; then UNKNOWN "EOF", as
+    Liftbridge's reverse reader ends. A stop at the start ends after that one message; an empty
+    partition is refused as Liftbridge refuses it."""
+    Start, Stop = api_pb2.StartPosition, api_pb2.StopPosition
+    async with running_node(tmp_path) as (node, address), Client(address) as client:
+        await client.wait_ready()
+        await client.create_stream("back", "back")
+        await client.create_stream("empty", "empty")
+        await client.publish_many("back", [b"m%d" % i for i in range(300)], ack_policy="all")
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+
+            async def read(**fields):
+                call = stub.Subscribe(api_pb2.SubscribeRequest(**fields), timeout=10)
+                messages = []
+                with contextlib.suppress(grpc.aio.AioRpcError):  # its status is looked at below
+                    async for message in call:
+                        messages.append(message)
+                return messages[1:], await call.code(), await call.details()  # after the handshake
+
+            forwards, _, _ = await read(stream="back", startPosition=Start.EARLIEST, stopPosition=Stop.STOP_LATEST)
+            assert [m.value for m in forwards] == [b"m%d" % i for i in range(300)]
+            latest = await read(stream="back", startPosition=Start.LATEST, reverse=True)
+            assert latest == (forwards[::-1], grpc.StatusCode.UNKNOWN, "EOF")
+            assert (await read(stream="back", reverse=True))[0] == forwards[::-1]  # new only: from the HW
+            from_offset, _, _ = await read(stream="back", startPosition=Start.OFFSET, startOffset=130, reverse=True)
+            assert [m.offset for m in from_offset] == list(range(130, -1, -1))
+            stopped = await read(stream="back", startPosition=Start.OFFSET, startOffset=7, reverse=True,
+                                 stopPosition=Stop.STOP_OFFSET, stopOffset=7)
+            assert ([m.offset for m in stopped[0]], stopped[1]) == ([7], grpc.StatusCode.RESOURCE_EXHAUSTED)
+            empty = await read(stream="empty", startPosition=Start.EARLIEST, reverse=True)
+            assert (empty[0], empty[1]) == ([], grpc.StatusCode.INTERNAL)
 
 
 async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):

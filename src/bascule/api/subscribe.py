@@ -15,7 +15,7 @@ from bascule.api import positions
 from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
 from bascule.api.status import metadata_call
-from bascule.h2grpc import Framed
+from bascule.h2grpc import CallContext, Framed
 from bascule.metadata.groups import NOT_ASSIGNED, subscription_error
 from bascule.metadata.state import MetadataState
 from bascule.partition.encryption import DecryptionFailed
@@ -32,6 +32,9 @@ SUBSCRIBE_BATCH_BYTES = 256 * 1024
 BATCH_BYTES = 1024 * 1024
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # what a gRPC client takes in one message by default
 IDLE_RECHECK = 1.0
+# A reverse read takes this many offsets at a time, read forwards and sent newest first (its
+# memory: that many messages).
+REVERSE_CHUNK = 128
 # How long a group member's subscription waits for this node's metadata to reach the group epoch
 # the member holds (it learned it from a node that applied the change first).
 GROUP_CATCH_UP = 2.0
@@ -78,15 +81,18 @@ class SubscribeRPCs:
     async def Subscribe(self, request, context):
         replica, offset, last, reader = await self._open(request, context, empty_range_is_invalid=True)
         try:
+            if request.reverse and replica.log.high_watermark < 0:  # Liftbridge's reverse reader needs one
+                await context.abort(grpc.StatusCode.INTERNAL, "Failed to create stream reader: segment not found")
             yield api_pb2.Message()  # handshake: clients wait for it before reading
             walk = MessageEncoder(request.stream, request.partition).walk
             displaced = reader.displaced if reader else None
-            async for messages, sent in _committed(
-                replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context, displaced,
-            ):
+            read = _reversed if request.reverse else _committed
+            async for messages, sent in read(replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context, displaced):
                 yield Framed(messages)
                 if sent == last:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+            if request.reverse and (displaced is None or not displaced.is_set()):
+                await context.abort(grpc.StatusCode.UNKNOWN, "EOF")  # past the oldest, in Liftbridge's words
         finally:
             if reader is not None:
                 self.group_readers.release(request.stream, request.partition, request.consumer.groupId, reader)
@@ -192,16 +198,10 @@ async def _committed(
     try:
         while displaced is None or not displaced.is_set():
             try:
-                made, count = replica.read_committed_through(offset, max_bytes, last, walk)
+                made, count = await _read(replica, offset, max_bytes, last, walk, context)
             except OffsetOutOfRange:
                 offset = replica.log.oldest_offset  # retention removed what we were about to read
                 continue
-            except CorruptEntry as exc:
-                log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
-                await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
-            except DecryptionFailed as exc:
-                log.error("a value of %s/%s does not decrypt: %s", replica.stream, replica.partition, exc)
-                await context.abort(grpc.StatusCode.DATA_LOSS, f"encrypted value does not decrypt at {exc}")
             if count:
                 offset += count
                 replica.messages_to_subscribers += count
@@ -212,6 +212,69 @@ async def _committed(
             await _idle(replica, displaced)
     finally:
         replica.readers -= 1
+
+
+async def _reversed(
+    replica: PartitionReplica,
+    start: int,
+    last: int | None,
+    max_bytes: int,
+    walk: EntryWalk,
+    context: grpc.aio.ServicerContext,
+    displaced: asyncio.Event | None = None,
+) -> AsyncIterator[tuple[bytes, int]]:
+    """Liftbridge's reverse subscription: the committed messages from ``start`` (the HW at most)
+    down to the oldest, newest first, each with its offset, as ``_committed`` yields them (a stop
+    offset is never below the start, so only a stop at the start ends it before the oldest)."""
+    cursor = min(start, replica.log.high_watermark)
+    replica.readers += 1
+    try:
+        while cursor >= replica.log.oldest_offset and (displaced is None or not displaced.is_set()):
+            low = max(replica.log.oldest_offset, cursor - REVERSE_CHUNK + 1)
+            try:
+                messages = await _forwards(replica, low, cursor, max_bytes, walk, context)
+            except OffsetOutOfRange:
+                continue  # retention moved the oldest offset meanwhile
+            cursor = low - 1
+            for message in reversed(messages):
+                replica.messages_to_subscribers += 1
+                replica.bytes_to_subscribers += len(message)
+                yield message, api_pb2.Message.FromString(message[5:]).offset if last is not None else -1
+    finally:
+        replica.readers -= 1
+
+
+async def _forwards(
+    replica: PartitionReplica, low: int, high: int, max_bytes: int, walk: EntryWalk, context: grpc.aio.ServicerContext,
+) -> list[bytes]:
+    """The committed messages ``low`` to ``high`` as ``walk`` frames them, each on its own, oldest first."""
+    messages, offset = [], low
+    while offset <= high:
+        made, count = await _read(replica, offset, max_bytes, high, walk, context)
+        if not count:
+            break
+        offset += count
+        position = 0
+        while position < len(made):  # gRPC framing: a flag byte, a 4-byte length, the message
+            end = position + 5 + int.from_bytes(made[position + 1:position + 5], "big")
+            messages.append(made[position:end])
+            position = end
+    return messages
+
+
+async def _read(
+    replica: PartitionReplica, offset: int, max_bytes: int, last: int | None, walk: EntryWalk, context: CallContext,
+) -> tuple[bytes, int]:
+    """``read_committed_through``, or the call ended with DATA_LOSS at an entry that is damaged or
+    a value that does not decrypt; OffsetOutOfRange if retention removed ``offset``."""
+    try:
+        return replica.read_committed_through(offset, max_bytes, last, walk)
+    except CorruptEntry as exc:
+        log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
+        await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+    except DecryptionFailed as exc:
+        log.error("a value of %s/%s does not decrypt: %s", replica.stream, replica.partition, exc)
+        await context.abort(grpc.StatusCode.DATA_LOSS, f"encrypted value does not decrypt at {exc}")
 
 
 async def _idle(replica: PartitionReplica, displaced: asyncio.Event | None) -> None:

@@ -168,7 +168,7 @@ class Consumer(_message.Message):
     def __init__(self, groupId: _Optional[str] = ..., groupEpoch: _Optional[int] = ..., consumerId: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("stream", "partition", "startPosition", "startOffset", "startTimestamp", "readISRReplica", "resume", "stopPosition", "stopOffset", "stopTimestamp", "consumer")
+    __slots__ = ("stream", "partition", "startPosition", "startOffset", "startTimestamp", "readISRReplica", "resume", "stopPosition", "stopOffset", "stopTimestamp", "consumer", "reverse")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     STARTPOSITION_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class SubscribeRequest(_message.Message):
     STOPOFFSET_FIELD_NUMBER: _ClassVar[int]
     STOPTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    REVERSE_FIELD_NUMBER: _ClassVar[int]
     stream: str
     partition: int
     startPosition: StartPosition
@@ -191,7 +192,8 @@ class SubscribeRequest(_message.Message):
     stopOffset: int
     stopTimestamp: int
     consumer: Consumer
-    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., startPosition: _Optional[_Union[StartPosition, str]] = ..., startOffset: _Optional[int] = ..., startTimestamp: _Optional[int] = ..., readISRReplica: _Optional[bool] = ..., resume: _Optional[bool] = ..., stopPosition: _Optional[_Union[StopPosition, str]] = ..., stopOffset: _Optional[int] = ..., stopTimestamp: _Optional[int] = ..., consumer: _Optional[_Union[Consumer, _Mapping]] = ...) -> None: ...
+    reverse: bool
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., startPosition: _Optional[_Union[StartPosition, str]] = ..., startOffset: _Optional[int] = ..., startTimestamp: _Optional[int] = ..., readISRReplica: _Optional[bool] = ..., resume: _Optional[bool] = ..., stopPosition: _Optional[_Union[StopPosition, str]] = ..., stopOffset: _Optional[int] = ..., stopTimestamp: _Optional[int] = ..., consumer: _Optional[_Union[Consumer, _Mapping]] = ..., reverse: _Optional[bool] = ...) -> None: ...
 
 class FetchMetadataRequest(_message.Message):
     __slots__ = ("streams", "groups")
