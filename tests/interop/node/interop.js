@@ -291,6 +291,20 @@ async function subscribeStopOffset() {
   return {offsets, status: statusOf(status)};
 }
 
+/** liftbridge-api v2's reverse flag (field 12 in bascule's proto): newest to oldest, then Liftbridge's "EOF". */
+async function subscribeReverse() {
+  const {messages, status} = await subscribe(client, {
+    stream, partition: 0, startPosition: 'OFFSET', startOffset: '5', reverse: true,
+  }, {deadline: deadline(10000)});
+  expect(messages.length >= 1 && isHandshake(messages[0]), 'no handshake first',
+    {first: messages[0], status: statusOf(status)});
+  const offsets = offsetsOf(messages.slice(1));
+  expect(sameList(offsets, range(0, 5).reverse()), 'offsets are not 5..0', offsets);
+  expect(status.code === grpc.status.UNKNOWN && status.details === 'EOF',
+    `ended with ${codeName(status.code)} ${status.details}, UNKNOWN EOF expected`, statusOf(status));
+  return {offsets, status: statusOf(status)};
+}
+
 async function subscribeMissingStream() {
   const {messages, status} = await subscribe(client, {stream: `${prefix}-missing`, partition: 0,
     startPosition: 'EARLIEST'}, {deadline: deadline(10000)});
@@ -432,6 +446,7 @@ const CHECKS = [
   ['publish_async', publishAsync],
   ['subscribe_earliest_then_cancel', subscribeEarliestThenCancel],
   ['subscribe_stop_offset', subscribeStopOffset],
+  ['subscribe_reverse', subscribeReverse],
   ['subscribe_missing_stream', subscribeMissingStream],
   ['subscribe_deadline', subscribeDeadline],
   ['unknown_method', unknownMethod],
