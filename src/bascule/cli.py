@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("-n", "--count", type=int, help="exit after this many messages")
     subscribe.add_argument("--stop-latest", action="store_true", help="exit after the newest message")
     subscribe.add_argument("--read-isr-replica", action="store_true")
+    subscribe.add_argument("--reverse", action="store_true", help="newest first, back to the oldest message")
 
     metadata = commands.add_parser("metadata", help="brokers and streams")
     _address(metadata)
@@ -189,7 +190,7 @@ async def _subscribe(client: Client, args: argparse.Namespace) -> None:
         return
     async for message in client.subscribe(
         args.stream, args.partition, start=args.start, offset=args.offset, timestamp=args.timestamp,
-        stop_latest=args.stop_latest, read_isr_replica=args.read_isr_replica,
+        stop_latest=args.stop_latest, read_isr_replica=args.read_isr_replica, reverse=args.reverse,
     ):
         if args.json:
             print(json.dumps({

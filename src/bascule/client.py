@@ -322,11 +322,13 @@ class Client:
         stop_offset: int | None = None,
         stop_latest: bool = False,
         read_isr_replica: bool = False,
+        reverse: bool = False,
     ) -> AsyncIterator[Message]:
-        """Messages of one partition from the start position; ends at a stop position, if one is given."""
+        """Messages of one partition from the start position; ends at a stop position, if one is
+        given. ``reverse``: from the start position back to the oldest message, newest first."""
         request = api_pb2.SubscribeRequest(
             stream=stream, partition=partition, readISRReplica=read_isr_replica,
-            startPosition=START_POSITIONS["offset" if offset is not None else start],
+            startPosition=START_POSITIONS["offset" if offset is not None else start], reverse=reverse,
         )
         if offset is not None:
             request.startOffset = offset
@@ -341,17 +343,15 @@ class Client:
                 stub = await self._isr_replica_stub(stream, partition)
             else:
                 stub = await self._leader_stub(stream, partition)
-            try:
-                async for message in _subscribe_batches(stub, request):
-                    yield message
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                async for message in _subscribe_messages(stub, request):  # a Liftbridge server
-                    yield message
+            # Only Liftbridge's Subscribe reads backwards; a Liftbridge server has no batches.
+            read = _subscribe_messages if reverse else _batches_else_messages
+            async for message in read(stub, request):
+                yield message
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return  # the stop position was reached
+            if reverse and (exc.code(), exc.details()) == (grpc.StatusCode.UNKNOWN, "EOF"):
+                return  # past the oldest message, as Liftbridge ends a reverse read
             if exc.code() in _STALE_LEADER_CODES:
                 self._leaders.clear()
             raise BasculeError(exc.code(), exc.details() or "") from None
@@ -426,6 +426,17 @@ def _as_dict(message: ProtoMessage) -> dict:
             value = list(value)
         result[descriptor.name] = value
     return result
+
+
+async def _batches_else_messages(stub: _APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:
+    try:
+        async for message in _subscribe_batches(stub, request):
+            yield message
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        async for message in _subscribe_messages(stub, request):  # a Liftbridge server
+            yield message
 
 
 async def _subscribe_batches(stub: _APIStub, request: api_pb2.SubscribeRequest) -> AsyncIterator[Message]:

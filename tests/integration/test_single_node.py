@@ -2,8 +2,10 @@
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import sys
 
 import grpc
 import msgpack
@@ -388,6 +390,15 @@ async def test_reverse_subscribe_reads_newest_to_oldest_as_liftbridge(tmp_path):
             assert ([m.offset for m in stopped[0]], stopped[1]) == ([7], grpc.StatusCode.RESOURCE_EXHAUSTED)
             empty = await read(stream="empty", startPosition=Start.EARLIEST, reverse=True)
             assert (empty[0], empty[1]) == ([], grpc.StatusCode.INTERNAL)
+        backwards = [m.offset async for m in client.subscribe("back", offset=9, reverse=True)]
+        assert backwards == list(range(9, -1, -1))  # bascule's client ends at Liftbridge's "EOF"
+        done = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bascule.cli", "subscribe", "-s", "back", "-a", address, "-o", "3", "--reverse",
+            "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(done.communicate(), 30)
+        assert done.returncode == 0, err
+        assert [json.loads(line)["value"] for line in out.decode().splitlines()] == ["m3", "m2", "m1", "m0"]
 
 
 async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):
