@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml src/bascule/wire/_walk.c
 run: venv
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
+# --durations: the slowest tests in every run's log, to keep the suite under 15 minutes on 2 cores.
 test: venv check containers fuse
-	$(PY) -m pytest -q $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
 
 # Lint, types and the layering contracts (pyproject.toml): the code's shape, checked before its behaviour.
 check: venv
