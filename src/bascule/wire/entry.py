@@ -102,7 +102,8 @@ def encode_entries(
     _check_range("leader epoch", leader_epoch, 0, _MAX_UINT64)
     if native is None:
         return encode_entries_python(first_offset, leader_epoch, records, timestamp)
-    return native.encode_entries(list(records), first_offset, leader_epoch, timestamp, encode_headers)
+    batch = records if isinstance(records, list) else list(records)  # the log's appends pass lists
+    return native.encode_entries(batch, first_offset, leader_epoch, timestamp, encode_headers)
 
 
 def encode_entries_python(
