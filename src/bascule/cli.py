@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--retention-max-bytes", type=int)
     create.add_argument("--retention-max-messages", type=int)
     create.add_argument("--retention-max-age", type=float, help="seconds")
+    create.add_argument("--compact", dest="compact_enabled", action="store_true", default=None,
+                        help="compact by key (compactEnabled)")
+    create.add_argument("--encryption", action="store_true", default=None,
+                        help="encrypt values at rest (every node needs LIFTBRIDGE_ENCRYPTION_KEY)")
 
     delete = commands.add_parser("delete", help="delete a stream")
     _address(delete)
@@ -152,7 +156,8 @@ async def _admin(args: argparse.Namespace) -> None:
 
 async def _create(client: Client, args: argparse.Namespace) -> None:
     settings = {
-        key: value for key in ("min_isr", "retention_max_bytes", "retention_max_messages", "retention_max_age")
+        key: value for key in ("min_isr", "retention_max_bytes", "retention_max_messages", "retention_max_age",
+                               "compact_enabled", "encryption")
         if (value := getattr(args, key)) is not None
     }
     await client.create_stream(

@@ -401,6 +401,28 @@ async def test_reverse_subscribe_reads_newest_to_oldest_as_liftbridge(tmp_path):
         assert [json.loads(line)["value"] for line in out.decode().splitlines()] == ["m3", "m2", "m1", "m0"]
 
 
+async def test_the_cli_creates_compacted_streams_and_refuses_encryption_without_a_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIFTBRIDGE_ENCRYPTION_KEY", raising=False)
+    monkeypatch.delenv("BASCULE_ENCRYPTION_KEY", raising=False)
+    async with running_node(tmp_path) as (node, address), Client(address) as client:
+        await client.wait_ready()
+
+        async def cli(*args):
+            done = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bascule.cli", "create", "-a", address, *args,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(done.communicate(), 30)
+            return done.returncode, err.decode()
+
+        assert (await cli("-s", "kv", "--compact"))[0] == 0
+        assert (await cli("-s", "plain"))[0] == 0
+        compacted = {p["stream"]: p["compacted"] for p in await client.partitions(metadata_only=True)}
+        assert (compacted["kv"], compacted["plain"]) == (True, False)
+        code, err = await cli("-s", "secret", "--encryption")
+        assert code != 0 and "encryption" in err
+        assert "secret" not in (await client.fetch_metadata()).streams
+
+
 async def test_a_publish_reaches_every_stream_on_its_subject_and_its_ack_inbox(tmp_path):
     """As Liftbridge's, a Publish goes through the stream's NATS subject when another stream captures
     it too (both store it), and an ackInbox the request names gets the ack (Publish and
