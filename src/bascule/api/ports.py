@@ -72,6 +72,8 @@ class Replicas(Protocol):
 
     async def until_leading(self, stream: str, partition: int) -> LedPartition | None: ...
 
+    async def until_resumed(self, stream: str, partition: int) -> None: ...
+
 
 class Publishing(Protocol):
     @property

@@ -141,8 +141,10 @@ class PublishRPCs:
         await self.cluster.call("resume", name=request.stream, partition=request.partition)
         if request.ackInbox or self._shared_subject(request.stream, request.partition):
             return None
-        leads = meta.leader == self.cluster.server_id
-        return self.replicas.get(request.stream, request.partition) if leads else None
+        if meta.leader != self.cluster.server_id:
+            return None
+        await self.replicas.until_resumed(request.stream, request.partition)
+        return self.replicas.get(request.stream, request.partition)
 
     def _check_message(self, size: int, headers: Mapping[str, bytes]) -> None:
         limit = self.publishing.max_message_bytes

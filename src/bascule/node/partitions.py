@@ -130,6 +130,16 @@ class Partitions:
                 return local
             await asyncio.sleep(LEADERSHIP_POLL)
 
+    async def until_resumed(self, stream: str, partition: int) -> None:
+        """Once this node's replica of the partition has applied its resume (the metadata's, which
+        a publish just awaited), or after a leader timeout: what is appended then comes after the
+        resume, for its subscribers and in its event times."""
+        deadline = time.monotonic() + self.config.clustering.replica_max_leader_timeout
+        while (local := self.get(stream, partition)) is not None and local.replica.paused:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(LEADERSHIP_POLL)
+
     # ---- reconcile ---------------------------------------------------------------------------
 
     def schedule_reconcile(self) -> None:
