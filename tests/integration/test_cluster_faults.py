@@ -532,7 +532,7 @@ async def test_one_lost_request_does_not_get_a_healthy_leader_reported(tmp_path)
                 raise NatsTimeout
 
             class Reply:
-                data = replicate.encode_response(1, -1, b"")
+                data = replicate.encode_response(1, -1, 1.0, b"")
 
             return Reply()
 

@@ -55,7 +55,7 @@ async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplo
     caplog.set_level(logging.ERROR, logger="bascule.partition.follower")
     async with loopback_nats(tmp_path) as (nc, subjects):
         leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
-        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
         endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
         await endpoint.start()
         follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
@@ -99,7 +99,7 @@ async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader
         leader_log.sync()
         rot_entry(tmp_path / "leader", b"value-5")
         leader = PartitionReplica("s", 0, leader_log, SyncPolicy(), time.monotonic)
-        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
         endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
         await endpoint.start()
         follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
@@ -142,7 +142,7 @@ async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_aga
             return None
 
         settings = FollowerSettings(0.3, 1.5, 0.5)
-        a.become_leader("A", 1, 0, ("A", "B"), ("A", "B"), min_isr=1, max_lag_time=30.0)
+        a.become_leader("A", 1, 0, ("A", "B"), ("A", "B"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
         endpoint = LeaderEndpoint(nc, subjects, a, 1 << 20)
         await endpoint.start()
         b.become_follower("A", 1)
@@ -155,7 +155,7 @@ async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_aga
             await endpoint.stop()
             b.log.append([Record(b"value-%d" % i) for i in range(5, 10)], 1)  # as B had fetched them
             a.become_follower("B", 2)
-            b.become_leader("B", 2, 1, ("A", "B"), ("B",), min_isr=1, max_lag_time=30.0)
+            b.become_leader("B", 2, 1, ("A", "B"), ("B",), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
             endpoint = LeaderEndpoint(nc, subjects, b, 1 << 20)
             await endpoint.start()
             loop = FollowerLoop(nc, subjects, a, "A", settings, no_report)
@@ -177,7 +177,9 @@ async def test_forged_fetches_and_forged_answers_change_nothing(tmp_path) -> Non
     async with loopback_nats(tmp_path) as (internal, subjects):
         nc = internal.client
         leader_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
-        leader_replica.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        leader_replica.become_leader(
+            "L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0
+        )
         leader_replica.log.append([Record(b"value-%d" % i) for i in range(5)], 1)
         endpoint = LeaderEndpoint(internal, subjects, leader_replica, 1 << 20)
         await endpoint.start()
@@ -209,7 +211,7 @@ async def test_forged_fetches_and_forged_answers_change_nothing(tmp_path) -> Non
 
             async def forge(msg) -> None:
                 entries, _ = encode_entries(0, 1, [Record(b"forged")], 1)
-                await nc.publish(msg.reply, replicate.encode_response(1, 0, entries))
+                await nc.publish(msg.reply, replicate.encode_response(1, 0, 1.0, entries))
 
             forger = await nc.subscribe(subject, cb=forge)
             await endpoint.stop()  # only the forger answers now
@@ -241,7 +243,7 @@ async def test_a_fetch_or_epoch_query_of_another_epoch_is_told_not_leader_at_onc
     timeout), and a deposed leader gives no entries."""
     async with loopback_nats(tmp_path) as (internal, subjects):
         replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
-        replica.become_leader("L", 3, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0)
+        replica.become_leader("L", 3, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
         replica.log.append([Record(b"v")], 3)
         endpoint = LeaderEndpoint(internal, subjects, replica, 1 << 20)
         await endpoint.start()
@@ -259,3 +261,48 @@ async def test_a_fetch_or_epoch_query_of_another_epoch_is_told_not_leader_at_onc
             assert not replica.is_leader  # fenced by the newer epoch
         finally:
             await endpoint.stop()
+
+
+async def test_a_leader_its_followers_stopped_hearing_from_acks_nothing_until_they_hear_from_it_again(tmp_path) -> None:
+    """The follower stops fetching (cut off, or the leader was paused): once it could have reported
+    the leader, a write is stored but not acknowledged, as a new leader may hold another message at
+    its offset. The follower's fetches, echoing the leader's clock, bring the ack."""
+    async with loopback_nats(tmp_path) as (nc, subjects):
+        leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
+        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=1.0)
+        endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
+        await endpoint.start()
+        follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+        follower_replica.become_follower("L", 1)
+
+        async def no_report(*_: object) -> None:
+            return None
+
+        settings = FollowerSettings(0.3, 1.0, 0.4)
+        acks: dict[bytes, tuple[int | None, BaseException | None]] = {}
+
+        def write(value: bytes) -> None:
+            leader.submit([Record(value)], lambda offset, error: acks.setdefault(value, (offset, error)))
+
+        loop = FollowerLoop(nc, subjects, follower_replica, "F", settings, no_report)
+        loop.start()
+        try:
+            write(b"a")
+            await until(lambda: b"a" in acks, 5, "the first ack")
+            assert acks[b"a"] == (0, None)
+            await loop.stop()
+            await asyncio.sleep(1.0)  # longer than 0.9 of the leader timeout since F last heard
+            write(b"b")
+            await until(lambda: leader.log.next_offset == 2, 5, "b to be stored")
+            await asyncio.sleep(0.5)
+            assert b"b" not in acks
+            loop = FollowerLoop(nc, subjects, follower_replica, "F", settings, no_report)
+            loop.start()
+            await until(lambda: b"b" in acks, 5, "the ack once F vouches for the leader again")
+            assert acks[b"b"] == (1, None)
+            await until(lambda: follower_replica.log.next_offset == 2, 5, "F to catch up")
+        finally:
+            await loop.stop()
+            await endpoint.stop()
+            leader.close()
+            follower_replica.close()

@@ -74,7 +74,7 @@ class Replicas:
 def cursor_replica(directory, epoch: int = 1) -> PartitionReplica:
     log = CommitLog.open(directory, LogConfig(segment_max_bytes=300, index_interval_bytes=64))
     replica = PartitionReplica(CURSORS_STREAM, 0, log, SyncPolicy(), time.monotonic)
-    replica.become_leader("me", epoch, 0, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+    replica.become_leader("me", epoch, 0, ("me",), ("me",), min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
     return replica
 
 
@@ -139,7 +139,7 @@ async def test_a_new_leadership_reads_the_partition_again(tmp_path):
         assert cursors.fetch("events", 0, "reader") == 5
         replica.log.truncate(0)  # as a follower, its entry was not the new leader's
         write(replica, [(b"other", b"x"), (key, encode_cursor("events", 0, "reader", 3))])
-        replica.become_leader("me", 4, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 4, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
         assert cursors.fetch("events", 0, "reader") == 3
     finally:
         replica.close()

@@ -257,7 +257,7 @@ def test_reading_without_the_key_fails_with_encryption_unavailable():
 
 def leader(tmp_path, values) -> PartitionReplica:
     replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), SyncPolicy(), time.monotonic, values=values)
-    replica.become_leader("me", 0, 0, ["me"], ["me"], min_isr=1, max_lag_time=10.0)
+    replica.become_leader("me", 0, 0, ["me"], ["me"], min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
     return replica
 
 

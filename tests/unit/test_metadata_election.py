@@ -14,10 +14,10 @@ from bascule.metadata.election import (
     choose_leader,
     isr_after_leader_change,
     validate_isr_change,
-    witness_quorum,
 )
 from bascule.partition.log.epochs import EpochHistory
 from bascule.partition.replication.leader import start_leader_epoch
+from bascule.wire.witnesses import witness_quorum
 
 # -- leader choice ---------------------------------------------------------------------------
 
@@ -136,6 +136,18 @@ def test_witnesses_that_left_the_isr_do_not_count():
     reports = LeaderFailureReports()
     report(reports, "a", isr=("L", "a", "b", "c"))
     assert report(reports, "b", isr=("L", "b", "c")) is ReportVerdict.RECORDED
+
+
+def test_a_member_that_just_left_the_isr_still_counts_towards_the_quorum_for_a_leader_timeout():
+    """b shut down and left the ISR while the leader was cut off: the leader, not knowing, holds
+    its lease while a and b together could not replace it; a alone may only once b's fetches no
+    longer count there."""
+    reports = LeaderFailureReports(leave_memory=10.0)
+    reports.left_isr("p", "b", 3, now=100.0)
+    assert report(reports, "a", isr=("L", "a"), now=105.0) is ReportVerdict.RECORDED
+    assert report(reports, "a", isr=("L", "a"), now=110.0) is ReportVerdict.LEADER_FAILED
+    reports.left_isr("q", "b", 2, now=100.0)  # under an older leader epoch: its leader is gone
+    assert report(reports, "a", isr=("L", "a"), now=101.0, p="q") is ReportVerdict.LEADER_FAILED
 
 
 def test_reports_expire():

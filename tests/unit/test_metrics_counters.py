@@ -23,6 +23,8 @@ from bascule.wire.entry import Record, scan
 from bascule.wire.pb import api_pb2
 
 pytestmark = pytest.mark.anyio
+# How the tests lead: a leader timeout of 10 s (what followers wait before reporting it).
+LEADING = dict(min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
 
 
 def replica_of(tmp_path, name="p") -> PartitionReplica:
@@ -78,7 +80,7 @@ def test_a_sync_with_something_to_write_is_one_fsync_observation(tmp_path):
 async def test_appends_as_leader_and_as_follower_are_counted_in_entries_and_stored_bytes(tmp_path):
     leader, follower = replica_of(tmp_path, "leader"), replica_of(tmp_path, "follower")
     try:
-        leader.become_leader("me", 0, 0, ("me", "F"), ("me",), min_isr=1, max_lag_time=10.0)
+        leader.become_leader("me", 0, 0, ("me", "F"), ("me",), **LEADING)
         leader.submit([Record(b"a"), Record(b"bb", key=b"k")])
         leader.submit([Record(b"ccc", headers={"h": b"v"})])
         await until(lambda: leader.log.next_offset == 3)
@@ -100,7 +102,7 @@ async def test_appends_as_leader_and_as_follower_are_counted_in_entries_and_stor
 async def test_followers_are_counted_the_messages_their_next_fetch_moves_past(tmp_path):
     replica = replica_of(tmp_path)
     try:
-        replica.become_leader("me", 0, 0, ("me", "F", "G"), ("me", "F", "G"), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 0, 0, ("me", "F", "G"), ("me", "F", "G"), **LEADING)
         replica.submit([Record(b"x")] * 5)
         await until(lambda: replica.log.next_offset == 5)
         assert replica.serve_fetch("F", 0, 0, 1 << 20)
@@ -115,7 +117,7 @@ async def test_followers_are_counted_the_messages_their_next_fetch_moves_past(tm
             replica.serve_fetch(stranger, 9, epoch, 1 << 20)
         assert replica.messages_to_followers == 7
         replica.become_follower("G", 1)
-        replica.become_leader("me", 2, 2, ("me", "F", "G"), ("me", "F", "G"), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 2, 2, ("me", "F", "G"), ("me", "F", "G"), **LEADING)
         replica.serve_fetch("F", 5, 2, 1 << 20)  # a new leadership: its first fetch is no progress
         assert replica.messages_to_followers == 7
     finally:
@@ -126,15 +128,15 @@ async def test_isr_members_lost_and_gained_while_leading_are_counted(tmp_path):
     replica = replica_of(tmp_path)
     replicas = ("me", "F", "G")
     try:
-        replica.become_leader("me", 1, 1, replicas, replicas, min_isr=1, max_lag_time=10.0)
-        replica.become_leader("me", 1, 2, replicas, ("me", "F"), min_isr=1, max_lag_time=10.0)
-        replica.become_leader("me", 1, 3, replicas, ("me",), min_isr=1, max_lag_time=10.0)
-        replica.become_leader("me", 1, 2, replicas, replicas, min_isr=1, max_lag_time=10.0)  # an older view
+        replica.become_leader("me", 1, 1, replicas, replicas, **LEADING)
+        replica.become_leader("me", 1, 2, replicas, ("me", "F"), **LEADING)
+        replica.become_leader("me", 1, 3, replicas, ("me",), **LEADING)
+        replica.become_leader("me", 1, 2, replicas, replicas, **LEADING)  # an older view
         assert (replica.isr_shrinks, replica.isr_expansions) == (2, 0)
-        replica.become_leader("me", 1, 4, replicas, ("me", "G"), min_isr=1, max_lag_time=10.0)
-        replica.become_leader("me", 1, 4, replicas, ("me", "G"), min_isr=1, max_lag_time=10.0)  # no change
+        replica.become_leader("me", 1, 4, replicas, ("me", "G"), **LEADING)
+        replica.become_leader("me", 1, 4, replicas, ("me", "G"), **LEADING)  # no change
         assert (replica.isr_shrinks, replica.isr_expansions) == (2, 1)
-        replica.become_leader("me", 2, 5, replicas, ("me",), min_isr=1, max_lag_time=10.0)  # a new epoch's ISR
+        replica.become_leader("me", 2, 5, replicas, ("me",), **LEADING)  # a new epoch's ISR
         assert (replica.isr_shrinks, replica.isr_expansions) == (2, 1)
     finally:
         replica.close()
@@ -170,7 +172,7 @@ async def test_captured_bursts_given_up_on_are_counted_by_reason(tmp_path):
     try:
         on_messages(deliveries(b"a", b"b"))  # not leading
         assert capture.dropped == {**dict.fromkeys(DROP_REASONS, 0), "not_leader": 2}
-        replica.become_leader("me", 0, 0, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 0, 0, ("me",), ("me",), **LEADING)
         on_messages(deliveries(b"c", b"d", b"e"))
         await until(lambda: replica.log.next_offset == 3)
         # A header name an entry cannot hold fails its burst, whatever else is in it.
@@ -194,7 +196,7 @@ async def test_garbage_captured_is_stored_not_dropped(tmp_path):
     garbage = [bytes(rng.randrange(256) for _ in range(rng.randrange(64))) for _ in range(50)]
     garbage += [envelope.MAGIC + payload for payload in garbage[:20]]
     try:
-        replica.become_leader("me", 0, 0, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 0, 0, ("me",), ("me",), **LEADING)
         for start in range(0, len(garbage), 7):
             on_messages(deliveries(*garbage[start:start + 7]))
         await until(lambda: replica.log.next_offset == len(garbage))

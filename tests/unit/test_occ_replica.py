@@ -19,7 +19,7 @@ SYNC_POLICIES = pytest.mark.parametrize("sync", [NEVER, SyncPolicy(always=True)]
 def leader(tmp_path, sync=NEVER, concurrency_control=True) -> PartitionReplica:
     replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), sync, time.monotonic,
                                concurrency_control=concurrency_control)
-    replica.become_leader("me", 0, 0, ["me"], ["me"], min_isr=1, max_lag_time=10.0)
+    replica.become_leader("me", 0, 0, ["me"], ["me"], min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
     return replica
 
 

@@ -15,11 +15,13 @@ from bascule.partition.replica import NotLeader, PartitionReplica, ReplicaFailed
 from bascule.wire.entry import CorruptEntry, Record
 
 pytestmark = pytest.mark.anyio
+# How the tests lead: a leader timeout of 10 s (what followers wait before reporting it).
+LEADING = dict(min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
 
 
 def leader(tmp_path, sync: SyncPolicy, replicas=("me",)) -> PartitionReplica:
     replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), sync, time.monotonic)
-    replica.become_leader("me", 0, 0, replicas, replicas, min_isr=1, max_lag_time=10.0)
+    replica.become_leader("me", 0, 0, replicas, replicas, **LEADING)
     return replica
 
 
@@ -80,7 +82,7 @@ async def test_a_write_synced_after_its_leadership_ended_is_never_acked(tmp_path
         replica.submit([Record(b"a")], lambda offset, error: outcomes.append((offset, error)))
         await asyncio.sleep(0)  # appended, its fsync running
         replica.become_follower("other", 1)
-        replica.become_leader("me", 2, 5, ("me", "other"), ("me",), min_isr=1, max_lag_time=10.0)
+        replica.become_leader("me", 2, 5, ("me", "other"), ("me",), **LEADING)
         await until(lambda: outcomes)
         assert outcomes[0][0] is None and isinstance(outcomes[0][1], NotLeader)
     finally:
@@ -95,7 +97,7 @@ def test_position_names_the_epoch_of_the_last_entry_not_an_empty_leader_epoch(tm
             replica.submit([Record(b"a"), Record(b"b")])
             await until(lambda: replica.high_watermark == 1)
             replica.become_follower("other", 0)
-            replica.become_leader("me", 4, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0)  # nothing written in 4
+            replica.become_leader("me", 4, 1, ("me",), ("me",), **LEADING)  # nothing written in 4
             assert replica.position() == (0, 2)
         finally:
             replica.close()
@@ -113,7 +115,7 @@ async def test_a_follower_below_the_leaders_log_start_appends_after_the_gap_and_
 
     config = LogConfig(segment_max_bytes=300, index_interval_bytes=100, retention_max_messages=20)
     leader_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader", config), SyncPolicy(), time.monotonic)
-    leader_replica.become_leader("L", 3, 0, ("L", "F"), ("L",), min_isr=1, max_lag_time=10.0)
+    leader_replica.become_leader("L", 3, 0, ("L", "F"), ("L",), **LEADING)
     leader_log = leader_replica.log
     for batch in range(10):
         leader_replica.submit([Record(b"x" * 20) for _ in range(5)])
@@ -182,6 +184,8 @@ async def test_a_failed_group_commit_fsync_fails_every_waiter_and_the_replica(tm
         return lambda offset, error: outcomes.setdefault(name, (offset, error))
 
     try:
+        # "other" heard from this leader just now: the lease holds, writes are acked on disk.
+        replica.serve_fetch("other", 0, 0, 1 << 20, leader_time=replica.clock())
         replica.submit([Record(b"w0")], outcome("w0"))
         await until(lambda: "w0" in outcomes)
         assert outcomes.pop("w0") == (0, None)  # on this disk; committed once "other" has it
@@ -205,7 +209,7 @@ async def test_a_failed_group_commit_fsync_fails_every_waiter_and_the_replica(tm
         with pytest.raises(ReplicaFailed):
             replica.submit([Record(b"c")])
         with pytest.raises(ReplicaFailed):
-            replica.become_leader("me", 1, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0)
+            replica.become_leader("me", 1, 1, ("me",), ("me",), **LEADING)
         assert replica.serve_fetch("other", 1, 0, 1 << 20) == b""
         assert any(r.levelno == logging.ERROR and "s/0" in r.getMessage() for r in caplog.records)
     finally:
@@ -335,3 +339,68 @@ async def test_flag_changes_after_opening_are_event_times_and_the_opening_state_
     replica.set_flags(paused=True, readonly=True)
     assert replica.pause_changes.first == first_pause < replica.pause_changes.latest
     assert replica.readonly_changes.latest == readonly
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def leased_leader(tmp_path, clock: Clock) -> PartitionReplica:
+    """A leader of "me" with two ISR followers, F and G, and a leader timeout of 10 s."""
+    replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "p"), SyncPolicy(), clock)
+    replicas = ("me", "F", "G")
+    replica.become_leader("me", 1, 0, replicas, replicas, **LEADING)
+    return replica
+
+
+async def test_writes_wait_for_their_acks_while_no_follower_vouches_for_the_leader(tmp_path):
+    """A leader paused or cut off may have been replaced: until its followers' fetches show that
+    they heard from it within the leader timeout, a write gets no ack; then the acks come, in order."""
+    clock = Clock()
+    replica = leased_leader(tmp_path, clock)
+    outcomes = []
+    try:
+        replica.submit([Record(b"a")], lambda offset, error: outcomes.append(("a", offset, error)))
+        replica.submit([Record(b"b")], lambda offset, error: outcomes.append(("b", offset, error)))
+        await until(lambda: replica.log.next_offset == 2)
+        await asyncio.sleep(0.01)
+        assert outcomes == []  # no follower ever echoed this leader's clock
+        replica.serve_fetch("F", 0, 1, 1 << 20, leader_time=clock.now)
+        # F heard from it just now: G alone is not enough witnesses to replace it.
+        assert outcomes == [("a", 0, None), ("b", 1, None)]
+        clock.now += 9.5  # past 0.9 of the leader timeout since F last heard: the lease lapsed
+        replica.submit([Record(b"c")], lambda offset, error: outcomes.append(("c", offset, error)))
+        await until(lambda: replica.log.next_offset == 3)
+        await asyncio.sleep(0.01)
+        assert len(outcomes) == 2
+        replica.serve_fetch("G", 2, 1, 1 << 20, leader_time=clock.now - 20)  # before it led: proves nothing
+        replica.serve_fetch("F", 2, 1, 1 << 20, leader_time=clock.now - 9.2)  # still too old
+        assert len(outcomes) == 2
+        replica.serve_fetch("F", 2, 1, 1 << 20, leader_time=clock.now - 0.1)
+        assert outcomes[2] == ("c", 2, None)
+    finally:
+        replica.close()
+
+
+async def test_held_acks_fail_when_the_leader_is_fenced_and_go_when_the_isr_is_the_leader_alone(tmp_path):
+    clock = Clock()
+    replica = leased_leader(tmp_path, clock)
+    outcomes = []
+    try:
+        replica.submit([Record(b"a")], lambda offset, error: outcomes.append((offset, error)))
+        await until(lambda: replica.log.next_offset == 1)
+        replica.become_leader("me", 1, 1, ("me", "F", "G"), ("me",), **LEADING)
+        assert outcomes == [(0, None)]  # no follower left that could report it
+        replica.become_leader("me", 1, 2, ("me", "F", "G"), ("me", "F"), **LEADING)
+        replica.submit([Record(b"b")], lambda offset, error: outcomes.append((offset, error)))
+        await until(lambda: replica.log.next_offset == 2)
+        await asyncio.sleep(0.01)
+        assert len(outcomes) == 1
+        replica.fence(2)  # a follower follows a newer leader epoch: this one was replaced
+        assert outcomes[1][0] is None and isinstance(outcomes[1][1], NotLeader)
+    finally:
+        replica.close()

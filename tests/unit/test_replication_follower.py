@@ -372,3 +372,26 @@ def test_the_follower_copies_the_history_it_is_given():
     f.start()
     f.on_epoch_answer(1, 3, 0.0)
     assert history.entries == [(1, 0), (2, 3)] and f.history.entries == [(1, 0)]
+
+
+# -- the leader's lease ------------------------------------------------------------------------
+
+
+def test_fetches_echo_the_newest_leader_reading_of_a_reply_that_counted_as_contact():
+    f = fetching(leo=5)
+    assert f.on_replicate(3, 4, [(5, 1)], 1.0, leader_time=70.0)[-1] == SendFetch(6, 3, 70.0)
+    f.on_replicate(3, 4, [(3, 1)], 1.1, leader_time=71.0)  # a stale reply still is the leader's answer
+    assert f.on_notify(1.2) == [] and f.state is FollowerState.FETCHING
+    assert f.on_fetch_failed(1.3)[-1] == SendFetch(6, 3, 71.0)
+    f.on_replicate(3, 4, [], 1.4, leader_time=69.0)  # an older reply, late: no step back
+    assert f.on_notify(1.5) == [SendFetch(6, 3, 71.0)]
+
+
+def test_replies_that_are_no_contact_are_not_echoed():
+    f = fetching(leo=5)
+    f.on_replicate(3, 4, [], 1.0, leader_time=70.0)
+    f.on_notify(1.1)
+    f.on_replicate(2, 4, [], 1.2, leader_time=500.0)  # another leader epoch: another clock
+    f.on_notify(1.7)
+    f.on_replicate(3, 4, [(5, 1), (5, 1)], 1.8, leader_time=80.0)  # malformed
+    assert f.tick(2.5) == [SendFetch(5, 3, 70.0)]  # after its back-off

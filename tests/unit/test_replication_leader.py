@@ -9,14 +9,14 @@ from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leaders
 def leadership(isr=("L", "F"), leo=10, hw=4, partition_epoch=3) -> Leadership:
     return Leadership(
         "L", 7, partition_epoch, ("L", "F", "G"), isr, history=EpochHistory([(1, 0)]),
-        log_end_offset=leo, hw=hw, min_isr=1, max_lag_time=15.0, now=0.0,
+        log_end_offset=leo, hw=hw, min_isr=1, max_lag_time=15.0, leader_timeout=15.0, now=0.0,
     )
 
 
 def test_a_new_leadership_records_its_epoch_before_its_first_append():
     history = EpochHistory([(1, 0)])
     Leadership("L", 7, 0, ("L",), ("L",), history=history, log_end_offset=10, hw=9, min_isr=1,
-               max_lag_time=15.0, now=0.0)
+               max_lag_time=15.0, leader_timeout=15.0, now=0.0)
     assert history.entries == [(1, 0), (7, 10)]
 
 

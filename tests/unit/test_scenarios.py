@@ -195,7 +195,8 @@ class Cluster:
             if r.lead is None:
                 r.lead = Leadership(
                     r.rid, p.leader_epoch, p.epoch, p.replicas, p.isr, history=r.history, log_end_offset=r.leo,
-                    hw=r.hw, min_isr=self.min_isr, max_lag_time=MAX_LAG_TIME, now=self.now,
+                    hw=r.hw, min_isr=self.min_isr, max_lag_time=MAX_LAG_TIME, leader_timeout=CONFIG.leader_timeout,
+                    now=self.now,
                 )
             else:
                 r.lead.metadata_changed(p.isr, p.epoch, self.min_isr, self.now)

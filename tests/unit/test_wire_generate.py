@@ -36,6 +36,7 @@ def test_internal_messages():
         "offset": (2, F.TYPE_INT64),
         "leaderEpoch": (3, F.TYPE_UINT64),
         "fragmentStart": (4, F.TYPE_INT64),  # bascule's: pieces of entries bigger than a NATS message
+        "leaderTime": (5, F.TYPE_DOUBLE),  # bascule's: the echo that renews the leader's lease
     }
     assert _field_shapes(internal_pb2.PartitionNotification) == {
         "stream": (1, F.TYPE_STRING),

@@ -12,6 +12,8 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from bascule.wire.witnesses import witness_quorum
+
 # -- (a) leader choice ----------------------------------------------------------------------
 
 
@@ -67,29 +69,39 @@ class ReportVerdict(enum.Enum):
     LEADER_FAILED = "leader failed"  # quorum reached: elect a new leader now
 
 
-def witness_quorum(isr: Collection[str], leader: str) -> int:
-    """Distinct witnesses needed: a majority of the ISR without the leader (1 of 1, 2 of 2,
-    2 of 3...). 0 followers gives 1, which no report can reach: such a leader's failure must be
-    detected some other way (broker liveness)."""
-    followers = len(frozenset(isr) - {leader})
-    return followers // 2 + 1
-
-
 class LeaderFailureReports:
     """The metadata leader's record of "leader looks dead" reports, per partition.
 
     Reports count only when they name the current leader and leader epoch, come from an ISR
     follower, and (with ``report_ttl``) are recent. Reports of an older leader epoch are dropped
     when a newer one arrives; reaching the quorum clears the partition's reports.
+
+    A member that left the ISR (``left_isr``) still counts towards the quorum's size, not as a
+    witness, for ``leave_memory`` seconds: the leader may not know yet that it left, and its lease
+    (bascule.partition.replication.lease) counts on that member's fetches.
     """
 
-    def __init__(self, report_ttl: float | None = None, election_grace: float = 0.0) -> None:
+    def __init__(
+        self, report_ttl: float | None = None, election_grace: float = 0.0, leave_memory: float = 0.0
+    ) -> None:
         self.report_ttl = report_ttl
         # A leader just elected is not judged for this long: its followers may have reported it
         # before it was ready to answer.
         self.election_grace = election_grace
+        self.leave_memory = leave_memory
         self._reports: dict[Hashable, tuple[str, int, dict[str, tuple[float, Position | None]]]] = {}
         self._elected: dict[Hashable, tuple[int, float]] = {}
+        self._left: dict[Hashable, dict[str, tuple[int, float]]] = {}
+
+    def left_isr(self, partition: Hashable, replica_id: str, leader_epoch: int, now: float) -> None:
+        """``replica_id`` left the ISR of ``partition`` under ``leader_epoch`` at ``now``."""
+        self._left.setdefault(partition, {})[replica_id] = (leader_epoch, now)
+
+    def _quorum_members(self, partition: Hashable, isr: Collection[str], epoch: int, now: float) -> set[str]:
+        left = self._left.get(partition, {})
+        for rid in [rid for rid, (_, at) in left.items() if now - at >= self.leave_memory]:
+            del left[rid]
+        return set(isr) | {rid for rid, (left_epoch, _) in left.items() if left_epoch == epoch}
 
     def elected(self, partition: Hashable, epoch: int, now: float) -> None:
         """A new leader took over ``partition`` in ``epoch`` at ``now`` (starts its grace period)."""
@@ -127,7 +139,7 @@ class LeaderFailureReports:
             for rid in [r for r, (at, _) in witnesses.items() if now - at > self.report_ttl]:
                 del witnesses[rid]
         valid = sum(1 for rid in witnesses if rid in isr and rid != leader)
-        if valid >= witness_quorum(isr, leader):
+        if valid >= witness_quorum(self._quorum_members(partition, isr, epoch, now), leader):
             return ReportVerdict.LEADER_FAILED
         return ReportVerdict.RECORDED
 
@@ -146,6 +158,7 @@ class LeaderFailureReports:
         """Forget a partition's reports (its leader changed, or it was deleted)."""
         self._reports.pop(partition, None)
         self._elected.pop(partition, None)
+        self._left.pop(partition, None)
 
 
 # -- (c) elections: a failed leader, a returning leader ----------------------------------
@@ -207,8 +220,11 @@ class Elections:
       among those that answered.
     """
 
-    def __init__(self, report_ttl: float | None = None, election_grace: float = 0.0, return_patience: float = 0.0):
-        self.reports = LeaderFailureReports(report_ttl, election_grace)
+    def __init__(
+        self, report_ttl: float | None = None, election_grace: float = 0.0, return_patience: float = 0.0,
+        leave_memory: float = 0.0,
+    ):
+        self.reports = LeaderFailureReports(report_ttl, election_grace, leave_memory)
         self.return_patience = return_patience
         self._returning_since: dict[Hashable, tuple[int, float]] = {}
 

@@ -62,7 +62,9 @@ class MetadataService:
         self.clock = clock
         self._gather_positions = gather_positions
         self._live_brokers = live_brokers
-        self._elections = Elections(election_grace=leader_timeout, return_patience=leader_timeout)
+        self._elections = Elections(
+            election_grace=leader_timeout, return_patience=leader_timeout, leave_memory=leader_timeout
+        )
         self._coordinator_reports = CoordinatorReports(coordinator_timeout)
 
     async def start(self) -> None:
@@ -139,6 +141,11 @@ class MetadataService:
         elif op == "report_group_coordinator":
             await self._report_group_coordinator(**args)
         else:
+            if op == "change_isr" and not args["add"]:
+                # Before the outcome: a removal that times out here may still commit.
+                self._elections.reports.left_isr(
+                    (args["name"], args["partition"]), args["replica"], args["leader_epoch"], self.clock()
+                )
             await self.raft.propose(op, **args)
 
     async def _create_stream(

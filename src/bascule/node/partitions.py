@@ -214,7 +214,7 @@ class Partitions:
         min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
         local.replica.become_leader(
             self.server_id, partition.leader_epoch, partition.epoch, list(partition.replicas), list(partition.isr),
-            min_isr, clustering.replica_max_lag_time,
+            min_isr, clustering.replica_max_lag_time, clustering.replica_max_leader_timeout,
         )
         if local.endpoint is None:
             local.endpoint = LeaderEndpoint(self.nc, self.subjects, local.replica, clustering.replication_max_bytes)

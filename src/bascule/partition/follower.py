@@ -244,7 +244,9 @@ class FollowerLoop:
                 await asyncio.sleep(RETRY_PAUSE)
                 return follower.on_fetch_failed(replica.clock())
         positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
-        actions = follower.on_replicate(response.leader_epoch, response.hw, positions, replica.clock())
+        actions = follower.on_replicate(
+            response.leader_epoch, response.hw, positions, replica.clock(), response.leader_time
+        )
         for step in actions:
             if isinstance(step, machine.RestartLog):
                 log.warning("%s/%s: the leader's log starts at %d, past this replica's end: restarting the log there",
@@ -268,7 +270,7 @@ class FollowerLoop:
         request = envelope.encode_message(
             internal_pb2.ReplicationRequest(
                 replicaID=self.server_id, offset=action.offset - 1, leaderEpoch=action.leader_epoch,
-                fragmentStart=fragment_start,
+                fragmentStart=fragment_start, leaderTime=action.leader_time,
             ),
             envelope.MsgType.REPLICATION_REQUEST,
         )
@@ -298,7 +300,9 @@ class FollowerLoop:
                 return None  # the entry changed under us (a new leadership): fetch again
             pieces += response.entries
             if len(pieces) == entry_size:
-                return replicate.ReplicateResponse(response.leader_epoch, response.hw, memoryview(pieces))
+                return replicate.ReplicateResponse(
+                    response.leader_epoch, response.hw, response.leader_time, memoryview(pieces)
+                )
             response = await self._fetch_response(action, len(pieces))
         return None
 

@@ -65,21 +65,23 @@ class LeaderEndpoint:
             await self._not_leader(msg)  # a deposed leader, or a follower of another epoch: no data
             return
         try:
-            data = replica.serve_fetch(request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes)
+            data = replica.serve_fetch(
+                request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes, request.leaderTime
+            )
         except (OffsetOutOfRange, CorruptEntry) as exc:
             # No answer: an empty one would tell the follower it is caught up, and it would idle
             # below the damage forever; unanswered, it reports this leader, which gets replaced.
             log.error("cannot serve %s from %s/%s: %s", request.replicaID, replica.stream, replica.partition, exc)
             return
         if len(data) <= self.max_bytes and not request.fragmentStart:
-            response = replicate.encode_response(replica.leader_epoch, replica.high_watermark, data)
+            response = replicate.encode_response(replica.leader_epoch, replica.high_watermark, replica.clock(), data)
             sent = len(data)
         elif len(data) > self.max_bytes and 0 <= request.fragmentStart < len(data):
             # ``data`` is one entry (reads return more than max_bytes only for a first entry that
             # alone is bigger): it goes in pieces that each fit a NATS message.
             piece = memoryview(data)[request.fragmentStart : request.fragmentStart + self.max_bytes]
             response = replicate.encode_fragment(
-                replica.leader_epoch, replica.high_watermark, len(data), request.fragmentStart, piece
+                replica.leader_epoch, replica.high_watermark, replica.clock(), len(data), request.fragmentStart, piece
             )
             sent = len(piece)
         else:

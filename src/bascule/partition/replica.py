@@ -127,6 +127,7 @@ class PartitionReplica:
         self.values = values
         self._flush_scheduled = False
         self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
+        self._awaiting_lease: list[tuple[int, Outcome]] = []  # written, in order, the lease lapsed
         self._sync_due = False  # records written since the last fsync began (with outcomes or not)
         self._syncing = False
         self._checkpointing = False  # a checkpoint of new epochs is being written
@@ -187,9 +188,10 @@ class PartitionReplica:
 
     def become_leader(
         self, leader_id: str, leader_epoch: int, partition_epoch: int, replicas: Iterable[str],
-        isr: Iterable[str], min_isr: int, max_lag_time: float,
+        isr: Iterable[str], min_isr: int, max_lag_time: float, leader_timeout: float,
     ) -> None:
-        """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR and min ISR."""
+        """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR and min ISR.
+        ``leader_timeout``: the followers' (how long one waits before reporting this leader)."""
         if self.failed is not None:
             raise self._failed_error()
         if leader_epoch <= self.fenced_epoch:
@@ -202,6 +204,7 @@ class PartitionReplica:
             self.isr_shrinks += len(isr_before - tracker.isr)
             self.isr_expansions += len(tracker.isr - isr_before)
             self._publish_high_watermark(self.leadership)
+            self._release_leased(self.leadership)
             return
         if self.leadership is not None:
             self.become_follower("", self.leader_epoch)
@@ -210,7 +213,7 @@ class PartitionReplica:
         self.leadership = Leadership(
             leader_id, leader_epoch, partition_epoch, replicas, isr, history=self.log.epochs,
             log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
-            min_isr=min_isr, max_lag_time=max_lag_time, now=now,
+            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now,
         )
         self._publish_high_watermark(self.leadership)
         self._wake_readers()
@@ -367,8 +370,14 @@ class PartitionReplica:
             for _, on_written in written:
                 on_written(None, error)
             return
-        for offset, on_written in written:
-            on_written(offset, None)
+        if self._awaiting_lease or not leadership.holds_lease(self.clock()):
+            # Another leader may have been elected meanwhile (this one was paused or cut off):
+            # an ack now could name an offset the new one gives another message. The followers
+            # notified below renew the lease with their next fetches, or fence this leader.
+            self._awaiting_lease += written
+        else:
+            for offset, on_written in written:
+                on_written(offset, None)
         waiting = leadership.tracker.leader_appended(durable_end)
         if waiting:
             self._notify_followers(self, waiting)
@@ -411,16 +420,21 @@ class PartitionReplica:
             self._written(leadership, batch, durable_end)
         self._start_sync()
 
-    def serve_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int) -> bytes:
+    def serve_fetch(
+        self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int, leader_time: float = 0.0
+    ) -> bytes:
         """Entries for a follower that has everything below ``log_end_offset``; b"" when caught up
-        or when the request is not one this leadership serves (wrong epoch, unknown replica)."""
+        or when the request is not one this leadership serves (wrong epoch, unknown replica).
+        ``leader_time``: this leader's clock reading the follower echoes (see ``lease``)."""
         leadership = self.leadership
         if leadership is None:
             return b""
         tracker = leadership.tracker
         asked_again = tracker.asks_again(replica_id, log_end_offset)
         fetched_before = _fetched_from(tracker, replica_id)
-        if not tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock()):
+        recorded = tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock(), leader_time)
+        self._release_leased(leadership)
+        if not recorded:
             return b""
         if fetched_before is not None and log_end_offset > fetched_before:
             self.messages_to_followers += log_end_offset - fetched_before
@@ -455,6 +469,14 @@ class PartitionReplica:
         if leadership is not None and leadership.leader_epoch == request.leader_epoch:
             leadership.isr_request_done(request, outcome)
             self._publish_high_watermark(leadership)
+            self._release_leased(leadership)
+
+    def _release_leased(self, leadership: Leadership) -> None:
+        """Acknowledge the writes held for a lapsed lease, once it holds again."""
+        if self._awaiting_lease and leadership.holds_lease(self.clock()):
+            written, self._awaiting_lease = self._awaiting_lease, []
+            for offset, on_written in written:
+                on_written(offset, None)
 
     def position(self) -> tuple[int, int]:
         """(epoch of the last entry or -1, log end offset): what elections compare. A log with
@@ -601,9 +623,9 @@ class PartitionReplica:
         if self.leadership is not None:
             for _, on_committed in self.leadership.acks.fail_all():
                 on_committed(None, error)
-        for _, on_written in self._pending_outcomes + self._awaiting_sync:
+        for _, on_written in self._awaiting_lease + self._pending_outcomes + self._awaiting_sync:
             on_written(None, error)
-        self._pending, self._pending_outcomes, self._awaiting_sync = [], [], []
+        self._pending, self._pending_outcomes, self._awaiting_sync, self._awaiting_lease = [], [], [], []
         self._pending_expected = []
 
     def stop(self) -> None:

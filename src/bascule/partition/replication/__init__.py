@@ -31,8 +31,11 @@ Modules and their API
       may already move at construction (a leader that is the whole ISR): read ``hw`` then.
     - ``.leader_appended(log_end_offset) -> list[str]``: followers to notify (waiting ones).
       Under sync policy "always", pass the *durable* log end.
-    - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now) -> bool``: False = answer
-      with no data (unknown replica, other epoch, beyond this leader's log).
+    - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now, leader_time=0.0) -> bool``:
+      False = answer with no data (unknown replica, other epoch, beyond this leader's log);
+      ``leader_time`` is the echo of this leader's clock that renews its lease.
+    - ``.lease_expiry(leader_timeout)``; ``.shrink_proposed(replica_id, partition_epoch)``,
+      ``.shrink_refused(replica_id)``: a removal in flight counts for the lease.
     - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
     - ``.shrink_proposals(now) -> list[str]``: lagging > max_lag_time, or lacking committed
       messages (log end <= HW); repeated until committed (the shell rate-limits).
@@ -44,6 +47,11 @@ Modules and their API
     - ``PendingAcks``: ``add(offset, token)``, ``release(hw) -> [(offset, token)]``,
       ``fail_all() -> [(offset, token)]`` (on losing leadership), ``len()``.
 
+``lease``
+    - ``lease_expiry(heard, leader, isr, *, joining, leaving, leader_timeout) -> float``: the
+      leader clock reading at which enough ISR followers could have reported the leader for any
+      ISR between the known one and the changes in flight; inf without followers.
+
 ``follower`` (one object per leader epoch; restart = new object)
     - ``Follower(replica_id, leader_id, leader_epoch, history, log_end_offset, hw, now, *,
       log_start_offset=0, config=FollowerConfig())``; ``FollowerConfig(leader_timeout=15,
@@ -51,18 +59,19 @@ Modules and their API
       IDLE), ``log_end_offset``, ``history`` (own copy), ``hw``.
     - events, each returning a list of actions: ``start()``,
       ``on_epoch_answer(epoch, end_offset, now)``, ``on_epoch_query_failed(now)``,
-      ``on_replicate(leader_epoch, leader_hw, entries=[(offset, epoch), ...], now)``,
+      ``on_replicate(leader_epoch, leader_hw, entries=[(offset, epoch), ...], now, leader_time=0.0)``,
       ``on_fetch_failed(now)``, ``on_notify(now)``, ``tick(now)``; ``next_deadline() -> float``.
     - actions: ``SendEpochQuery(epoch)``, ``Truncate(end_offset, below_high_watermark)``,
-      ``SendFetch(offset, leader_epoch)``, ``Append(first_offset, count, epoch_starts)``,
+      ``SendFetch(offset, leader_epoch, leader_time)``, ``Append(first_offset, count, epoch_starts)``,
       ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``ReportLeader(leader_id, leader_epoch)``.
       The shell applies Truncate/Append/SetHighWatermark to the real log in order.
 
 ``leader`` (one object per leadership)
     - ``start_leader_epoch(history, epoch, log_end_offset)``: before the first append.
     - ``Leadership(leader_id, leader_epoch, partition_epoch, replicas, isr, *, history,
-      log_end_offset, hw, min_isr, max_lag_time, now)``: starts the epoch, holds the
-      ``tracker`` (IsrTracker) and the ``acks`` (PendingAcks); ``.fenced_by(epoch)``,
+      log_end_offset, hw, min_isr, max_lag_time, leader_timeout, now)``: starts the epoch, holds
+      the ``tracker`` (IsrTracker) and the ``acks`` (PendingAcks); ``.holds_lease(now)``,
+      ``.fenced_by(epoch)``,
       ``.metadata_changed(isr, partition_epoch, min_isr, now)``, ``.isr_requests(now) ->
       [IsrRequest(replica_id, add, leader_epoch, partition_epoch)]``,
       ``.isr_request_done(request, IsrOutcome.ACCEPTED/REFUSED/UNKNOWN)``.
@@ -98,5 +107,6 @@ Protocol decisions taken here (see each module for the reasoning)
 - Replies are judged on content: a valid replication reply is taken even while IDLE (a zombie
   may answer the shared subject first); invalid ones are dropped and are no leader contact.
 - A write is acknowledged only in the leadership it was written in: a group-commit fsync that
-  completes after that leadership ended acks nothing, even if a new one began.
+  completes after that leadership ended acks nothing, even if a new one began; and only while the
+  leader holds its lease (``lease``): no other leader can have been elected yet.
 """

@@ -49,7 +49,9 @@ next event:
 Leader timeout: when nothing valid came from the leader for more than ``leader_timeout``, the
 follower emits :class:`ReportLeader` (to the metadata leader), then again at most once per
 ``leader_timeout``. ``max_idle_wait`` must be shorter than ``leader_timeout`` so that an idle
-but healthy leader is never reported.
+but healthy leader is never reported. Every fetch echoes the leader's clock reading from the
+newest response that reset this timer: the leader learns that this follower cannot report it
+before that reading plus the leader timeout (its lease, ``lease``).
 
 Offsets: log end offset = the next offset (the wire's "newest offset" + 1); HW = last committed
 offset, -1 for none.
@@ -115,10 +117,12 @@ class RestartLog:
 
 @dataclass(frozen=True, slots=True)
 class SendFetch:
-    """Send a replication request for ``offset`` onwards (wire ``offset`` field: offset - 1)."""
+    """Send a replication request for ``offset`` onwards (wire ``offset`` field: offset - 1),
+    echoing ``leader_time``, the leader's clock reading in the newest response taken (0: none)."""
 
     offset: int
     leader_epoch: int
+    leader_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,9 @@ class Follower:
         self._idle_until: float | None = None
         self._last_contact = now
         self._last_report: float | None = None
+        # The leader's clock reading in the newest response that counted as contact: echoed in
+        # every fetch, it tells the leader how long this follower cannot report it (its lease).
+        self._leader_time = 0.0
 
     # -- events -----------------------------------------------------------------------------
 
@@ -234,9 +241,10 @@ class Follower:
         leader_hw: int,
         entries: Sequence[tuple[int, int]],
         now: float,
+        leader_time: float = 0.0,
     ) -> list[Action]:
         """A replication response: the leader's epoch and HW, and (offset, epoch) of each entry
-        it carries, in order.
+        it carries, in order; ``leader_time``, the leader's clock reading in it (0: none).
 
         Judged on its content, not on its timing: a valid response is taken while FETCHING or
         IDLE (a second reply to the same request, e.g. the real leader's after a zombie's), an
@@ -248,7 +256,7 @@ class Follower:
         if leader_epoch != self.leader_epoch:
             return self._back_off(now) if fetching else []
         if not entries:
-            self._last_contact = now
+            self._heard(now, leader_time)
             actions = self._update_hw(leader_hw)
             self.state = FollowerState.IDLE
             self._idle_until = now + self.config.max_idle_wait
@@ -259,14 +267,14 @@ class Follower:
         gap = first_offset > self.log_end_offset and leader_hw >= first_offset - 1
         if first_offset < self.log_end_offset or (first_offset > self.log_end_offset and not gap):
             # stale (a reply to an earlier request) or a gap; the leader did answer, though
-            self._last_contact = now
+            self._heard(now, leader_time)
             return [self._fetch()] if fetching else []
         restart = gap and self.log_end_offset == self.log_start_offset
         actions = [self._restart_log(first_offset)] if restart else []
         epoch_starts = self._epoch_starts(entries)
         if epoch_starts is None:
             return actions + (self._back_off(now) if fetching else [])
-        self._last_contact = now
+        self._heard(now, leader_time)
         for epoch, start in epoch_starts:
             self.history.assign(epoch, start)
         self.log_end_offset = entries[-1][0] + 1
@@ -323,10 +331,14 @@ class Follower:
             actions.append(SetHighWatermark(new_hw))
         return actions
 
+    def _heard(self, now: float, leader_time: float) -> None:
+        self._last_contact = now
+        self._leader_time = max(self._leader_time, leader_time)
+
     def _fetch(self) -> SendFetch:
         self.state = FollowerState.FETCHING
         self._idle_until = None
-        return SendFetch(self.log_end_offset, self.leader_epoch)
+        return SendFetch(self.log_end_offset, self.leader_epoch, self._leader_time)
 
     def _back_off(self, now: float) -> list[Action]:
         self.state = FollowerState.IDLE

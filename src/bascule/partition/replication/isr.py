@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hw import clamp_high_watermark, leader_high_watermark
+from .lease import lease_expiry
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class FollowerProgress:
     last_caught_up_time: float | None = None
     caught_up_at_last_fetch: bool = False
     waiting: bool = False  # its last fetch got nothing new and it has not been notified since
+    heard_at: float | None = None  # the newest leader clock reading it echoed (see ``lease``)
 
 
 class IsrTracker:
@@ -67,9 +69,12 @@ class IsrTracker:
         self._followers = {
             rid: FollowerProgress(rid) for rid in self.replicas if rid != leader_id
         }
+        self.started_at = now
         self.isr: frozenset[str] = frozenset()
-        # Expansions proposed and not settled, with the partition epoch they were proposed at.
+        # Expansions and shrinks proposed and not settled, with the partition epoch they were proposed at.
         self._expanding: dict[str, int] = {}
+        self._shrinking: dict[str, int] = {}
+        self._lease: tuple[float, float] | None = None  # (leader timeout, expiry), until an input changes it
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
@@ -85,15 +90,30 @@ class IsrTracker:
             if progress is not None and progress.last_caught_up_time is None:
                 progress.last_caught_up_time = now  # a grace period for a member we never saw
         self.isr = new_isr
+        self._lease = None
         for rid, proposed_at in list(self._expanding.items()):
             if rid in new_isr or (partition_epoch is not None and partition_epoch > proposed_at):
                 del self._expanding[rid]
+        for rid, proposed_at in list(self._shrinking.items()):
+            if rid not in new_isr or (partition_epoch is not None and partition_epoch > proposed_at):
+                del self._shrinking[rid]
         self._recompute_hw()
+
+    def shrink_proposed(self, replica_id: str, partition_epoch: int) -> None:
+        """The shell asked the metadata to remove ``replica_id`` at ``partition_epoch``: until
+        :meth:`set_isr` or :meth:`shrink_refused` settles it, the ISR may already be without it."""
+        self._shrinking[replica_id] = partition_epoch
+        self._lease = None
+
+    def shrink_refused(self, replica_id: str) -> None:
+        self._shrinking.pop(replica_id, None)
+        self._lease = None
 
     def expand_refused(self, replica_id: str) -> None:
         """The metadata refused the expansion of ``replica_id`` (an unknown outcome is not a
         refusal: the expansion stays pending until :meth:`set_isr` settles it)."""
         self._expanding.pop(replica_id, None)
+        self._lease = None
         self._recompute_hw()
 
     def leader_appended(self, log_end_offset: int) -> list[str]:
@@ -125,8 +145,11 @@ class IsrTracker:
             and progress.leader_log_end_at_last_fetch > log_end_offset
         )
 
-    def record_fetch(self, replica_id: str, log_end_offset: int, leader_epoch: int, now: float) -> bool:
-        """A replication request from ``replica_id`` asking for ``log_end_offset`` onwards.
+    def record_fetch(
+        self, replica_id: str, log_end_offset: int, leader_epoch: int, now: float, leader_time: float = 0.0
+    ) -> bool:
+        """A replication request from ``replica_id`` asking for ``log_end_offset`` onwards, echoing
+        ``leader_time``, the clock reading of the newest response it took (0: none).
 
         False (the request must get no data) when the replica is not one of the partition's,
         when it follows another leader epoch, or when it asks beyond this leader's LEO (it has
@@ -135,6 +158,12 @@ class IsrTracker:
         progress = self._followers.get(replica_id)
         if progress is None or leader_epoch != self.leader_epoch:
             return False
+        # Only a reading this leadership could have sent counts: one from before it began, or
+        # from the future, proves nothing (a request held up in a socket echoes an old one, which
+        # only shortens the lease).
+        if self.started_at <= leader_time <= now and (progress.heard_at is None or leader_time > progress.heard_at):
+            progress.heard_at = leader_time
+            self._lease = None
         if log_end_offset < 0 or log_end_offset > self.leader_log_end:
             return False
         previous_leader_end = progress.leader_log_end_at_last_fetch
@@ -220,11 +249,24 @@ class IsrTracker:
                 ready.append(rid)
         for rid in ready:
             self._expanding[rid] = partition_epoch
+            self._lease = None
         return sorted(ready)
 
     @property
     def pending_expansions(self) -> frozenset[str]:
         return frozenset(self._expanding)
+
+    def lease_expiry(self, leader_timeout: float) -> float:
+        """When another leader could first be elected (see ``lease``), with the pending ISR
+        changes counted both ways."""
+        if self._lease is None or self._lease[0] != leader_timeout:
+            heard = {rid: progress.heard_at for rid, progress in self._followers.items()}
+            expiry = lease_expiry(
+                heard, self.leader_id, self.isr, joining=self._expanding, leaving=self._shrinking,
+                leader_timeout=leader_timeout,
+            )
+            self._lease = (leader_timeout, expiry)
+        return self._lease[1]
 
     # -- internals --------------------------------------------------------------------------
 

@@ -64,10 +64,12 @@ class Leadership:
         hw: int,
         min_isr: int,
         max_lag_time: float,
+        leader_timeout: float,
         now: float,
     ) -> None:
         start_leader_epoch(history, leader_epoch, log_end_offset)
         self.leader_epoch = leader_epoch
+        self.leader_timeout = leader_timeout  # the followers' (replica.max.leader.timeout)
         self.partition_epoch = partition_epoch
         self.tracker = IsrTracker(
             leader_id, leader_epoch, replicas, isr, leader_log_end=log_end_offset, hw=hw,
@@ -76,6 +78,11 @@ class Leadership:
         self.acks = PendingAcks()
         self._in_flight: set[tuple[str, bool]] = set()
         self._unsettled_expansions: set[str] = set()  # outcome unknown: ask again
+
+    def holds_lease(self, now: float) -> bool:
+        """Whether no other leader can have been elected yet (see ``lease``): a write may be
+        acknowledged as this leader's now."""
+        return now < self.tracker.lease_expiry(self.leader_timeout)
 
     def fenced_by(self, requested_epoch: int) -> bool:
         """A follower follows ``requested_epoch``: a newer epoch means another leader was elected
@@ -103,11 +110,15 @@ class Leadership:
             if (rid, add) not in self._in_flight:
                 self._in_flight.add((rid, add))
                 requests.append(IsrRequest(rid, add, self.leader_epoch, self.partition_epoch))
+                if not add:
+                    tracker.shrink_proposed(rid, self.partition_epoch)
         return requests
 
     def isr_request_done(self, request: IsrRequest, outcome: IsrOutcome) -> None:
         self._in_flight.discard((request.replica_id, request.add))
         if not request.add:
+            if outcome is IsrOutcome.REFUSED:
+                self.tracker.shrink_refused(request.replica_id)
             return
         if outcome is IsrOutcome.REFUSED:
             self._unsettled_expansions.discard(request.replica_id)

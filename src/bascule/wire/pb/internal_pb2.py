@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0einternal.proto\x12\x10\x62\x61scule.internal\"c\n\x12ReplicationRequest\x12\x11\n\treplicaID\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x03 \x01(\x04\x12\x15\n\rfragmentStart\x18\x04 \x01(\x03\":\n\x15PartitionNotification\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"K\n\x18LeaderEpochOffsetRequest\x12\x13\n\x0bleaderEpoch\x18\x01 \x01(\x04\x12\x1a\n\x12\x63urrentLeaderEpoch\x18\x02 \x01(\x04\"C\n\x19LeaderEpochOffsetResponse\x12\x11\n\tendOffset\x18\x01 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x02 \x01(\x04\"M\n\x06\x43ursor\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08\x63ursorId\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _bascule_pool.AddSerializedFile(b'\n\x0einternal.proto\x12\x10\x62\x61scule.internal\"w\n\x12ReplicationRequest\x12\x11\n\treplicaID\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x03 \x01(\x04\x12\x15\n\rfragmentStart\x18\x04 \x01(\x03\x12\x12\n\nleaderTime\x18\x05 \x01(\x01\":\n\x15PartitionNotification\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"K\n\x18LeaderEpochOffsetRequest\x12\x13\n\x0bleaderEpoch\x18\x01 \x01(\x04\x12\x1a\n\x12\x63urrentLeaderEpoch\x18\x02 \x01(\x04\"C\n\x19LeaderEpochOffsetResponse\x12\x11\n\tendOffset\x18\x01 \x01(\x03\x12\x13\n\x0bleaderEpoch\x18\x02 \x01(\x04\"M\n\x06\x43ursor\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08\x63ursorId\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'internal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REPLICATIONREQUEST']._serialized_start=36
-  _globals['_REPLICATIONREQUEST']._serialized_end=135
-  _globals['_PARTITIONNOTIFICATION']._serialized_start=137
-  _globals['_PARTITIONNOTIFICATION']._serialized_end=195
-  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_start=197
-  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_end=272
-  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_start=274
-  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_end=341
-  _globals['_CURSOR']._serialized_start=343
-  _globals['_CURSOR']._serialized_end=420
+  _globals['_REPLICATIONREQUEST']._serialized_end=155
+  _globals['_PARTITIONNOTIFICATION']._serialized_start=157
+  _globals['_PARTITIONNOTIFICATION']._serialized_end=215
+  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_start=217
+  _globals['_LEADEREPOCHOFFSETREQUEST']._serialized_end=292
+  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_start=294
+  _globals['_LEADEREPOCHOFFSETRESPONSE']._serialized_end=361
+  _globals['_CURSOR']._serialized_start=363
+  _globals['_CURSOR']._serialized_end=440
 # @@protoc_insertion_point(module_scope)

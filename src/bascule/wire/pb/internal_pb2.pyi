@@ -5,16 +5,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReplicationRequest(_message.Message):
-    __slots__ = ("replicaID", "offset", "leaderEpoch", "fragmentStart")
+    __slots__ = ("replicaID", "offset", "leaderEpoch", "fragmentStart", "leaderTime")
     REPLICAID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LEADEREPOCH_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTSTART_FIELD_NUMBER: _ClassVar[int]
+    LEADERTIME_FIELD_NUMBER: _ClassVar[int]
     replicaID: str
     offset: int
     leaderEpoch: int
     fragmentStart: int
-    def __init__(self, replicaID: _Optional[str] = ..., offset: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., fragmentStart: _Optional[int] = ...) -> None: ...
+    leaderTime: float
+    def __init__(self, replicaID: _Optional[str] = ..., offset: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., fragmentStart: _Optional[int] = ..., leaderTime: _Optional[float] = ...) -> None: ...
 
 class PartitionNotification(_message.Message):
     __slots__ = ("stream", "partition")
