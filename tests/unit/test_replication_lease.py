@@ -106,3 +106,20 @@ def test_the_tracker_counts_a_shrink_it_proposed_until_the_metadata_settles_it()
     t.shrink_proposed("G", partition_epoch=5)
     t.shrink_refused("G")
     assert t.lease_expiry(T) == 105.0 + LEASE
+
+
+def test_holds_lease_answers_as_the_expiry_does_whatever_came_in_between():
+    t = tracker()
+    steps = [
+        lambda: t.record_fetch("F", 0, 3, now=101.0, leader_time=100.5),
+        lambda: t.record_fetch("G", 0, 3, now=102.0, leader_time=101.5),
+        lambda: t.shrink_proposed("G", 0),
+        lambda: t.record_fetch("F", 0, 3, now=110.0, leader_time=109.0),
+        lambda: t.set_isr({"L", "F"}, now=111.0, partition_epoch=1),
+        lambda: t.expand_proposals(111.0, 1),
+        lambda: t.set_isr({"L"}, now=112.0, partition_epoch=2),
+    ]
+    for step in steps:
+        step()
+        for now in (100.0, 105.0, 109.5, 110.0, 115.0, 118.0, 125.0):
+            assert t.holds_lease(now, T) == (now < t.lease_expiry(T)), (step, now)

@@ -74,7 +74,9 @@ class IsrTracker:
         # Expansions and shrinks proposed and not settled, with the partition epoch they were proposed at.
         self._expanding: dict[str, int] = {}
         self._shrinking: dict[str, int] = {}
-        self._lease: tuple[float, float] | None = None  # (leader timeout, expiry), until an input changes it
+        # (leader timeout, expiry) as last computed: a lower bound until the ISR or a change in
+        # flight moves (newer echoes only move the expiry later).
+        self._lease: tuple[float, float] | None = None
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
@@ -163,7 +165,6 @@ class IsrTracker:
         # only shortens the lease).
         if self.started_at <= leader_time <= now and (progress.heard_at is None or leader_time > progress.heard_at):
             progress.heard_at = leader_time
-            self._lease = None
         if log_end_offset < 0 or log_end_offset > self.leader_log_end:
             return False
         previous_leader_end = progress.leader_log_end_at_last_fetch
@@ -259,14 +260,20 @@ class IsrTracker:
     def lease_expiry(self, leader_timeout: float) -> float:
         """When another leader could first be elected (see ``lease``), with the pending ISR
         changes counted both ways."""
-        if self._lease is None or self._lease[0] != leader_timeout:
-            heard = {rid: progress.heard_at for rid, progress in self._followers.items()}
-            expiry = lease_expiry(
-                heard, self.leader_id, self.isr, joining=self._expanding, leaving=self._shrinking,
-                leader_timeout=leader_timeout,
-            )
-            self._lease = (leader_timeout, expiry)
-        return self._lease[1]
+        heard = {rid: progress.heard_at for rid, progress in self._followers.items()}
+        return lease_expiry(
+            heard, self.leader_id, self.isr, joining=self._expanding, leaving=self._shrinking,
+            leader_timeout=leader_timeout,
+        )
+
+    def holds_lease(self, now: float, leader_timeout: float) -> bool:
+        """``now < lease_expiry(leader_timeout)``, computed again only once an earlier answer
+        no longer shows it: a write's check costs next to nothing."""
+        lease = self._lease
+        if lease is not None and lease[0] == leader_timeout and now < lease[1]:
+            return True
+        self._lease = (leader_timeout, self.lease_expiry(leader_timeout))
+        return now < self._lease[1]
 
     # -- internals --------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ class Leadership:
     def holds_lease(self, now: float) -> bool:
         """Whether no other leader can have been elected yet (see ``lease``): a write may be
         acknowledged as this leader's now."""
-        return now < self.tracker.lease_expiry(self.leader_timeout)
+        return self.tracker.holds_lease(now, self.leader_timeout)
 
     def fenced_by(self, requested_epoch: int) -> bool:
         """A follower follows ``requested_epoch``: a newer epoch means another leader was elected

@@ -44,18 +44,17 @@ def lease_expiry(
     ``leaving``: members whose removal may have. The metadata may hold any ISR between those, and
     the lease holds for the worst of them: for each size, the one whose members heard the least.
     """
-    known = frozenset(isr) - {leader}
-    maybe = (frozenset(joining) - known) | (frozenset(leaving) & known)
-    maybe -= {leader}
-    certain = sorted(_reading(heard, rid) for rid in known - maybe)
+    known = {rid for rid in isr if rid != leader}
+    maybe = {rid for rid in joining if rid not in known and rid != leader}
+    maybe.update(rid for rid in leaving if rid in known)
+    certain = sorted(_reading(heard, rid) for rid in known if rid not in maybe)
     optional = sorted(_reading(heard, rid) for rid in maybe)
     earliest = math.inf
     for extra in range(len(optional) + 1):
-        followers = sorted(certain + optional[:extra])
-        if not followers:
-            continue
-        earliest = min(earliest, followers[reports_needed(len(followers)) - 1] + LEASE_FRACTION * leader_timeout)
-    return earliest
+        followers = sorted(certain + optional[:extra]) if extra else certain
+        if followers:
+            earliest = min(earliest, followers[reports_needed(len(followers)) - 1])
+    return earliest + LEASE_FRACTION * leader_timeout
 
 
 def _reading(heard: Mapping[str, float | None], replica_id: str) -> float:
