@@ -150,6 +150,20 @@ def test_a_member_that_just_left_the_isr_still_counts_towards_the_quorum_for_a_l
     assert report(reports, "a", isr=("L", "a"), now=101.0, p="q") is ReportVerdict.LEADER_FAILED
 
 
+def test_a_new_metadata_leader_counts_every_replica_towards_the_quorum_for_a_leader_timeout():
+    """It cannot know which members left the ISR just before it took over."""
+    reports = LeaderFailureReports(leave_memory=10.0)
+    reports.metadata_term(5, now=100.0)
+    assert reports.report("p", "L", 3, "a", leader="L", epoch=3, isr={"L", "a"}, replicas={"L", "a", "b"},
+                          now=105.0) is ReportVerdict.RECORDED
+    reports.metadata_term(5, now=106.0)  # the same term: still since 100
+    assert reports.report("p", "L", 3, "a", leader="L", epoch=3, isr={"L", "a"}, replicas={"L", "a", "b"},
+                          now=110.0) is ReportVerdict.LEADER_FAILED
+    reports.metadata_term(7, now=111.0)  # led again after losing it: since 111
+    assert reports.report("q", "L", 3, "a", leader="L", epoch=3, isr={"L", "a"}, replicas={"L", "a", "b"},
+                          now=112.0) is ReportVerdict.RECORDED
+
+
 def test_reports_expire():
     reports = LeaderFailureReports(report_ttl=30.0)
     report(reports, "a", now=0.0)
@@ -218,7 +232,9 @@ def test_reports_against_a_just_elected_leader_wait_out_its_grace():
 
 # -- elections -------------------------------------------------------------------------------
 
-VIEW = PartitionView(leader="L", leader_epoch=3, epoch=7, isr=frozenset({"L", "a", "b"}))
+VIEW = PartitionView(
+    leader="L", leader_epoch=3, epoch=7, isr=frozenset({"L", "a", "b"}), replicas=frozenset({"L", "a", "b"})
+)
 
 
 def test_a_reported_leader_is_replaced_by_the_most_advanced_witness():
@@ -242,7 +258,7 @@ def test_a_returning_leader_holding_the_most_gets_a_new_epoch_and_keeps_the_isr(
     positions = {"L": Position(3, 100), "a": Position(3, 100), "b": Position(2, 100)}
     decision = elections.leader_returned("p", VIEW, "L", 3, positions, now=0.0)
     assert decision is not None and decision.leader in {"L", "a"}
-    alone = PartitionView("L", 3, 7, frozenset({"L"}))
+    alone = PartitionView("L", 3, 7, frozenset({"L"}), frozenset({"L", "a", "b"}))
     assert elections.leader_returned("q", alone, "L", 3, {"L": Position(3, 5)}, now=0.0) == Elect("L", ("L",), 3, 7)
 
 

@@ -143,7 +143,7 @@ class Cluster:
 
     def _view(self) -> PartitionView:
         p = self._partition
-        return PartitionView(p.leader, p.leader_epoch, p.epoch, frozenset(p.isr))
+        return PartitionView(p.leader, p.leader_epoch, p.epoch, frozenset(p.isr), frozenset(p.replicas))
 
     def start(self, leader: str) -> None:
         replicas = [leader] + [rid for rid in self.ids if rid != leader]

@@ -78,7 +78,9 @@ class LeaderFailureReports:
 
     A member that left the ISR (``left_isr``) still counts towards the quorum's size, not as a
     witness, for ``leave_memory`` seconds: the leader may not know yet that it left, and its lease
-    (bascule.partition.replication.lease) counts on that member's fetches.
+    (bascule.partition.replication.lease) counts on that member's fetches. A metadata leader that
+    just took over (``metadata_term``) knows of no such removal: for ``leave_memory`` seconds every
+    replica counts towards the size.
     """
 
     def __init__(
@@ -92,12 +94,22 @@ class LeaderFailureReports:
         self._reports: dict[Hashable, tuple[str, int, dict[str, tuple[float, Position | None]]]] = {}
         self._elected: dict[Hashable, tuple[int, float]] = {}
         self._left: dict[Hashable, dict[str, tuple[int, float]]] = {}
+        self._term: tuple[int, float] | None = None  # (metadata Raft term led, first seen leading it)
+
+    def metadata_term(self, term: int, now: float) -> None:
+        """This node leads the metadata in Raft ``term``, at the latest since ``now``."""
+        if self._term is None or self._term[0] != term:
+            self._term = (term, now)
 
     def left_isr(self, partition: Hashable, replica_id: str, leader_epoch: int, now: float) -> None:
         """``replica_id`` left the ISR of ``partition`` under ``leader_epoch`` at ``now``."""
         self._left.setdefault(partition, {})[replica_id] = (leader_epoch, now)
 
-    def _quorum_members(self, partition: Hashable, isr: Collection[str], epoch: int, now: float) -> set[str]:
+    def _quorum_members(
+        self, partition: Hashable, isr: Collection[str], replicas: Collection[str], epoch: int, now: float
+    ) -> set[str]:
+        if self._term is not None and now - self._term[1] < self.leave_memory:
+            return set(isr) | set(replicas)
         left = self._left.get(partition, {})
         for rid in [rid for rid, (_, at) in left.items() if now - at >= self.leave_memory]:
             del left[rid]
@@ -118,6 +130,7 @@ class LeaderFailureReports:
         leader: str | None,
         epoch: int,
         isr: Collection[str],
+        replicas: Collection[str] = (),
         now: float = 0.0,
         position: Position | None = None,
     ) -> ReportVerdict:
@@ -139,7 +152,7 @@ class LeaderFailureReports:
             for rid in [r for r, (at, _) in witnesses.items() if now - at > self.report_ttl]:
                 del witnesses[rid]
         valid = sum(1 for rid in witnesses if rid in isr and rid != leader)
-        if valid >= witness_quorum(self._quorum_members(partition, isr, epoch, now), leader):
+        if valid >= witness_quorum(self._quorum_members(partition, isr, replicas, epoch, now), leader):
             return ReportVerdict.LEADER_FAILED
         return ReportVerdict.RECORDED
 
@@ -172,6 +185,7 @@ class PartitionView:
     leader_epoch: int
     epoch: int  # the partition epoch: every change is conditional on it
     isr: frozenset[str]
+    replicas: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +248,8 @@ class Elections:
     ) -> Elect | None:
         verdict = self.reports.report(
             partition, reported_leader, reported_epoch, reporter,
-            leader=view.leader, epoch=view.leader_epoch, isr=view.isr, now=now, position=position,
+            leader=view.leader, epoch=view.leader_epoch, isr=view.isr, replicas=view.replicas, now=now,
+            position=position,
         )
         if verdict is not ReportVerdict.LEADER_FAILED or view.leader is None:
             return None

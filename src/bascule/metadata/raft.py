@@ -178,6 +178,11 @@ class MetadataRaft:
         return self._sync._isLeader()
 
     @property
+    def term(self) -> int:
+        """The Raft term this node is in (an int, read whole from the tick thread's state)."""
+        return self._sync._SyncObj__raftCurrentTerm
+
+    @property
     def leader(self) -> str | None:
         node = self._sync._getLeader()
         return node.address if node is not None else None

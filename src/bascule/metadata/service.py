@@ -171,6 +171,7 @@ class MetadataService:
     ) -> None:
         """Liftbridge's witness rule: a quorum of ISR followers must report before the leader moves."""
         view = self._view(stream, partition)
+        self._elections.reports.metadata_term(self.raft.term, self.clock())
         decision = self._elections.leader_reported(
             (stream, partition), view, leader, leader_epoch, reporter,
             Position(last_epoch, log_end_offset), self.clock(),
@@ -282,7 +283,10 @@ class MetadataService:
 def _partition_view(partition: Partition | None) -> PartitionView | None:
     if partition is None:
         return None
-    return PartitionView(partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr))
+    return PartitionView(
+        partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr),
+        frozenset(partition.replicas),
+    )
 
 
 async def join_cluster(nc: SealedNats, subjects: Subjects, raft_address: str) -> list[str]:
