@@ -42,6 +42,19 @@ async def loopback_nats(tmp_path):
         server.stop()
 
 
+async def leader_and_follower(
+    tmp_path, nc: SealedNats, subjects: Subjects, leader_timeout: float
+) -> tuple[PartitionReplica, LeaderEndpoint, PartitionReplica]:
+    """Leader L of stream s/0 (ISR L and F) serving fetches over ``nc``, and F's replica following it."""
+    leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
+    leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=leader_timeout)
+    endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
+    await endpoint.start()
+    follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+    follower_replica.become_follower("L", 1)
+    return leader, endpoint, follower_replica
+
+
 async def until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -54,12 +67,7 @@ async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplo
     again from its log and catches up; it never silently stops fetching."""
     caplog.set_level(logging.ERROR, logger="bascule.partition.follower")
     async with loopback_nats(tmp_path) as (nc, subjects):
-        leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
-        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=3.0)
-        endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
-        await endpoint.start()
-        follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
-        follower_replica.become_follower("L", 1)
+        leader, endpoint, follower_replica = await leader_and_follower(tmp_path, nc, subjects, leader_timeout=3.0)
         real_append = follower_replica.append_replicated
         failures = []
 
@@ -268,12 +276,7 @@ async def test_a_leader_its_followers_stopped_hearing_from_acks_nothing_until_th
     the leader, a write is stored but not acknowledged, as a new leader may hold another message at
     its offset. The follower's fetches, echoing the leader's clock, bring the ack."""
     async with loopback_nats(tmp_path) as (nc, subjects):
-        leader = PartitionReplica("s", 0, CommitLog.open(tmp_path / "leader"), SyncPolicy(), time.monotonic)
-        leader.become_leader("L", 1, 0, ("L", "F"), ("L", "F"), min_isr=1, max_lag_time=30.0, leader_timeout=1.0)
-        endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
-        await endpoint.start()
-        follower_replica = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
-        follower_replica.become_follower("L", 1)
+        leader, endpoint, follower_replica = await leader_and_follower(tmp_path, nc, subjects, leader_timeout=1.0)
 
         async def no_report(*_: object) -> None:
             return None
