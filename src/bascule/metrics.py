@@ -115,6 +115,7 @@ _PARTITION_GAUGES = {
     "replicas": "Replicas of the partition, in the metadata.",
     "leader": "1 while this node leads the partition, else 0.",
     "under_replicated": "1 while this node leads the partition and its ISR is smaller than its replicas, else 0.",
+    "acks_held": "Writes this leader stored whose acks wait for its lease: no follower showed it still leads.",
 }
 
 
@@ -204,6 +205,7 @@ def _partition_values(replica: PartitionReplica, assigned: Partition) -> dict[st
         "replicas": replicas,
         "leader": int(replica.is_leader),
         "under_replicated": int(replica.is_leader and isr < replicas),
+        "acks_held": replica.acks_held,
     }
 
 

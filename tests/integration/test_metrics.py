@@ -109,7 +109,7 @@ async def test_partition_series_follow_publishes(tmp_path):
             await client.publish("orders", b"other", partition=1, ack_policy="all")
             after = await scrape(port)
         for name, value in [("log_end_offset", 5), ("high_watermark", 4), ("isr_size", 1), ("replicas", 1),
-                            ("leader", 1), ("under_replicated", 0)]:
+                            ("leader", 1), ("under_replicated", 0), ("acks_held", 0)]:
             assert after[(f"bascule_partition_{name}", partition_labels("orders"))] == value, name
         assert after[("bascule_partition_log_end_offset", partition_labels("orders", 1))] == 1
         assert after[("bascule_partitions_under_replicated", frozenset())] == 0

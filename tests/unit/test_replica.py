@@ -368,10 +368,10 @@ async def test_writes_wait_for_their_acks_while_no_follower_vouches_for_the_lead
         replica.submit([Record(b"b")], lambda offset, error: outcomes.append(("b", offset, error)))
         await until(lambda: replica.log.next_offset == 2)
         await asyncio.sleep(0.01)
-        assert outcomes == []  # no follower ever echoed this leader's clock
+        assert outcomes == [] and replica.acks_held == 2  # no follower ever echoed this leader's clock
         replica.serve_fetch("F", 0, 1, 1 << 20, leader_time=clock.now)
         # F heard from it just now: G alone is not enough witnesses to replace it.
-        assert outcomes == [("a", 0, None), ("b", 1, None)]
+        assert outcomes == [("a", 0, None), ("b", 1, None)] and replica.acks_held == 0
         clock.now += 9.5  # past 0.9 of the leader timeout since F last heard: the lease lapsed
         replica.submit([Record(b"c")], lambda offset, error: outcomes.append(("c", offset, error)))
         await until(lambda: replica.log.next_offset == 3)

@@ -144,6 +144,11 @@ class PartitionReplica:
         return self.leadership is not None
 
     @property
+    def acks_held(self) -> int:
+        """Writes stored as leader whose acks wait for the lease (see ``Leadership.holds_lease``)."""
+        return len(self._awaiting_lease)
+
+    @property
     def high_watermark(self) -> int:
         return self.log.high_watermark
 
