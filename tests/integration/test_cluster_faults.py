@@ -241,8 +241,14 @@ async def test_metadata_leader_kill_keeps_streams_isrs_and_epochs() -> None:
                 assert set(before[name].isr) - {raft_leader_id} <= set(info.isr), (name, info, before[name])
                 assert epochs == epochs_before[name], (name, epochs, epochs_before[name])
             else:
+                # The new leader checkpoints its epoch history after it took over, which can be after the
+                # metadata named it: wait for the file.
+                async def checkpointed(name: str = name, leader: int = leader):
+                    found = leader_epochs(cluster, leader, name)
+                    return found if found and found[-1][0] > epochs_before[name][-1][0] else None
+
+                epochs = await wait_for(checkpointed, 10, f"{name}: the new leader's epoch in its checkpoint", cluster)
                 assert epochs[: len(epochs_before[name])] == epochs_before[name], (name, epochs, epochs_before)
-                assert epochs[-1][0] > epochs_before[name][-1][0], (name, epochs, epochs_before)
             check_acked(await read_node(cluster.node(leader).address, name, isr_replica=False), acked[name], name)
 
         # The new metadata leader takes commands: a new stream, and acks on it.
