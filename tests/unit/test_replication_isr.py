@@ -7,7 +7,7 @@ from bascule.partition.replication.isr import IsrTracker, PendingAcks
 def tracker(isr=("L", "F", "G"), replicas=("L", "F", "G"), leo=10, hw=4, min_isr=1, now=0.0, **kw):
     return IsrTracker(
         "L", 7, replicas, isr, leader_log_end=leo, hw=hw, min_isr=min_isr,
-        max_lag_time=15.0, now=now, **kw,
+        max_lag_time=15.0, leader_timeout=15.0, now=now, **kw,
     )
 
 
@@ -269,7 +269,8 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
     or refused later, while the HW keeps moving (an answer later than max_lag_time counts as
     lost: see test_late_expansion_lacking_committed_messages_is_shrunk_at_once)."""
     now = 0.0
-    t = IsrTracker("L", 1, "LFG", {"L", *isr}, leader_log_end=0, hw=-1, min_isr=min_isr, max_lag_time=15.0, now=now)
+    t = IsrTracker("L", 1, "LFG", {"L", *isr}, leader_log_end=0, hw=-1, min_isr=min_isr, max_lag_time=15.0,
+                   leader_timeout=15.0, now=now)
     log_end = {"L": 0, "F": 0, "G": 0}
     last_hw = t.hw
     pending: list[str] = []
@@ -307,7 +308,7 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
 
 def test_take_waiting_returns_idle_followers_once():
     tracker = IsrTracker("a", 1, ["a", "b", "c"], ["a", "b", "c"], leader_log_end=5, hw=4, min_isr=1,
-                         max_lag_time=10, now=0)
+                         max_lag_time=10, leader_timeout=10, now=0)
     tracker.record_fetch("b", 5, 1, now=1)  # caught up: an empty response, then it idles
     assert tracker.take_waiting() == ["b"]
     assert tracker.take_waiting() == []

@@ -73,13 +73,13 @@ def test_no_isr_the_metadata_may_hold_can_elect_before_the_lease_ends(heard, isr
 
 
 def tracker(**kwargs) -> IsrTracker:
-    settings = dict(leader_log_end=0, hw=-1, min_isr=1, max_lag_time=30.0, now=100.0)
+    settings = dict(leader_log_end=0, hw=-1, min_isr=1, max_lag_time=30.0, leader_timeout=T, now=100.0)
     return IsrTracker("L", 3, ("L", "F", "G"), ("L", "F", "G"), **(settings | kwargs))
 
 
 def test_the_tracker_takes_only_readings_this_leadership_could_have_sent():
     t = tracker()
-    assert t.lease_expiry(T) == -math.inf
+    assert t.lease_expiry() == -math.inf
     t.record_fetch("F", 0, 3, now=105.0, leader_time=99.0)  # before this leadership began
     t.record_fetch("F", 0, 3, now=105.0, leader_time=106.0)  # from the future
     t.record_fetch("F", 0, 2, now=105.0, leader_time=104.0)  # another epoch's follower
@@ -87,7 +87,7 @@ def test_the_tracker_takes_only_readings_this_leadership_could_have_sent():
     assert t.progress("F").heard_at is None and t.progress("G").heard_at is None
     t.record_fetch("F", 0, 3, now=106.0, leader_time=104.0)
     t.record_fetch("G", 0, 3, now=106.0, leader_time=103.0)
-    assert t.lease_expiry(T) == 104.0 + LEASE
+    assert t.lease_expiry() == 104.0 + LEASE
     t.record_fetch("F", 0, 3, now=107.0, leader_time=101.0)  # a request held up somewhere: no step back
     assert t.progress("F").heard_at == 104.0
 
@@ -96,16 +96,16 @@ def test_the_tracker_counts_a_shrink_it_proposed_until_the_metadata_settles_it()
     t = tracker()
     t.record_fetch("F", 0, 3, now=106.0, leader_time=101.0)
     t.record_fetch("G", 0, 3, now=106.0, leader_time=105.0)
-    assert t.lease_expiry(T) == 105.0 + LEASE
+    assert t.lease_expiry() == 105.0 + LEASE
     t.shrink_proposed("G", partition_epoch=4)
-    assert t.lease_expiry(T) == 101.0 + LEASE
+    assert t.lease_expiry() == 101.0 + LEASE
     t.set_isr({"L", "F", "G"}, now=107.0, partition_epoch=4)  # not yet: the same partition epoch
-    assert t.lease_expiry(T) == 101.0 + LEASE
+    assert t.lease_expiry() == 101.0 + LEASE
     t.set_isr({"L", "F", "G"}, now=107.0, partition_epoch=5)  # a newer one without it: it never commits
-    assert t.lease_expiry(T) == 105.0 + LEASE
+    assert t.lease_expiry() == 105.0 + LEASE
     t.shrink_proposed("G", partition_epoch=5)
     t.shrink_refused("G")
-    assert t.lease_expiry(T) == 105.0 + LEASE
+    assert t.lease_expiry() == 105.0 + LEASE
 
 
 def test_holds_lease_answers_as_the_expiry_does_whatever_came_in_between():
@@ -122,4 +122,4 @@ def test_holds_lease_answers_as_the_expiry_does_whatever_came_in_between():
     for step in steps:
         step()
         for now in (100.0, 105.0, 109.5, 110.0, 115.0, 118.0, 125.0):
-            assert t.holds_lease(now, T) == (now < t.lease_expiry(T)), (step, now)
+            assert t.holds_lease(now) == (now < t.lease_expiry()), (step, now)

@@ -27,14 +27,14 @@ Modules and their API
 
 ``isr`` (leader side, inside ``Leadership``)
     - ``IsrTracker(leader_id, leader_epoch, replicas, isr, *, leader_log_end, hw, min_isr,
-      max_lag_time, now, epoch_start=None)``; attributes ``hw``, ``isr``, ``can_commit``. The HW
+      max_lag_time, leader_timeout, now, epoch_start=None)``; attributes ``hw``, ``isr``, ``can_commit``. The HW
       may already move at construction (a leader that is the whole ISR): read ``hw`` then.
     - ``.leader_appended(log_end_offset) -> list[str]``: followers to notify (waiting ones).
       Under sync policy "always", pass the *durable* log end.
     - ``.record_fetch(replica_id, log_end_offset, leader_epoch, now, leader_time=0.0) -> bool``:
       False = answer with no data (unknown replica, other epoch, beyond this leader's log);
       ``leader_time`` is the echo of this leader's clock that renews its lease.
-    - ``.lease_expiry(leader_timeout)``; ``.shrink_proposed(replica_id, partition_epoch)``,
+    - ``.lease_expiry()``, ``.holds_lease(now)``; ``.shrink_proposed(replica_id, partition_epoch)``,
       ``.shrink_refused(replica_id)``: a removal in flight counts for the lease.
     - ``.is_caught_up(replica_id)``, ``.last_caught_up(replica_id)``, ``.progress(replica_id)``.
     - ``.shrink_proposals(now) -> list[str]``: lagging > max_lag_time, or lacking committed

@@ -55,6 +55,7 @@ class IsrTracker:
         hw: int,
         min_isr: int,
         max_lag_time: float,
+        leader_timeout: float,
         now: float,
         epoch_start: int | None = None,
     ) -> None:
@@ -63,6 +64,7 @@ class IsrTracker:
         self.replicas = frozenset(replicas) | {leader_id}
         self.min_isr = min_isr
         self.max_lag_time = max_lag_time
+        self.leader_timeout = leader_timeout  # the followers' (replica.max.leader.timeout)
         self.leader_log_end = leader_log_end
         self.epoch_start = leader_log_end if epoch_start is None else epoch_start
         self.hw = clamp_high_watermark(hw, leader_log_end)
@@ -74,9 +76,9 @@ class IsrTracker:
         # Expansions and shrinks proposed and not settled, with the partition epoch they were proposed at.
         self._expanding: dict[str, int] = {}
         self._shrinking: dict[str, int] = {}
-        # (leader timeout, expiry) as last computed: a lower bound until the ISR or a change in
-        # flight moves (newer echoes only move the expiry later).
-        self._lease: tuple[float, float] | None = None
+        # The lease's expiry as last computed: a lower bound until the ISR or a change in flight
+        # moves (newer echoes only move the expiry later).
+        self._lease: float | None = None
         self.set_isr(isr, now)
 
     # -- inputs -----------------------------------------------------------------------------
@@ -257,23 +259,21 @@ class IsrTracker:
     def pending_expansions(self) -> frozenset[str]:
         return frozenset(self._expanding)
 
-    def lease_expiry(self, leader_timeout: float) -> float:
+    def lease_expiry(self) -> float:
         """When another leader could first be elected (see ``lease``), with the pending ISR
         changes counted both ways."""
         heard = {rid: progress.heard_at for rid, progress in self._followers.items()}
         return lease_expiry(
             heard, self.leader_id, self.isr, joining=self._expanding, leaving=self._shrinking,
-            leader_timeout=leader_timeout,
+            leader_timeout=self.leader_timeout,
         )
 
-    def holds_lease(self, now: float, leader_timeout: float) -> bool:
-        """``now < lease_expiry(leader_timeout)``, computed again only once an earlier answer
-        no longer shows it: a write's check costs next to nothing."""
-        lease = self._lease
-        if lease is not None and lease[0] == leader_timeout and now < lease[1]:
-            return True
-        self._lease = (leader_timeout, self.lease_expiry(leader_timeout))
-        return now < self._lease[1]
+    def holds_lease(self, now: float) -> bool:
+        """``now < lease_expiry()``, computed again only once an earlier answer no longer shows
+        it: a write's check costs next to nothing."""
+        if self._lease is None or now >= self._lease:
+            self._lease = self.lease_expiry()
+        return now < self._lease
 
     # -- internals --------------------------------------------------------------------------
 

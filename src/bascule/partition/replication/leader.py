@@ -69,11 +69,10 @@ class Leadership:
     ) -> None:
         start_leader_epoch(history, leader_epoch, log_end_offset)
         self.leader_epoch = leader_epoch
-        self.leader_timeout = leader_timeout  # the followers' (replica.max.leader.timeout)
         self.partition_epoch = partition_epoch
         self.tracker = IsrTracker(
             leader_id, leader_epoch, replicas, isr, leader_log_end=log_end_offset, hw=hw,
-            min_isr=min_isr, max_lag_time=max_lag_time, now=now,
+            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now,
         )
         self.acks = PendingAcks()
         self._in_flight: set[tuple[str, bool]] = set()
@@ -82,7 +81,7 @@ class Leadership:
     def holds_lease(self, now: float) -> bool:
         """Whether no other leader can have been elected yet (see ``lease``): a write may be
         acknowledged as this leader's now."""
-        return self.tracker.holds_lease(now, self.leader_timeout)
+        return self.tracker.holds_lease(now)
 
     def fenced_by(self, requested_epoch: int) -> bool:
         """A follower follows ``requested_epoch``: a newer epoch means another leader was elected
