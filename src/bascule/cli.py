@@ -279,9 +279,15 @@ async def _partitions(client: Client, args: argparse.Namespace) -> None:
         for r in p["replicaStatus"]:
             end = r["logEndOffset"] if r["reachable"] else "unreachable"
             rows.append([p["stream"], p["partition"], p["leader"], p["partitionEpoch"], p["leaderEpoch"],
-                         p["highWatermark"], r["id"], "yes" if r["inIsr"] else "no", end,
+                         p["highWatermark"], r["id"], _in_isr(p, r), end,
                          r["lag"] if r["reachable"] else "-"])
     _print(args, partitions, rows)
+
+
+def _in_isr(partition: dict, replica: dict) -> str:
+    if not replica["inIsr"]:
+        return "no"
+    return "unclean" if replica["id"] in partition.get("unclean", ()) else "yes"
 
 
 ADMIN_COMMANDS = {

@@ -15,6 +15,7 @@ import pytest
 from cluster_checks import (
     ALL_NODES,
     FAST,
+    agreed_partition,
     check_live,
     converged,
     create_stream,
@@ -141,3 +142,50 @@ async def test_kip101_s1_a_restarted_follower_keeps_what_it_had_when_the_leader_
         assert not load.conflicts, load.conflicts
         await check_live(cluster, "s1", load.acked)
         stop_and_check_files(cluster, {"s1": load.acked})
+
+
+async def test_a_follower_that_lost_power_is_not_elected_while_the_leader_holding_its_acks_is_down(needs_fuse) -> None:
+    """Issue 25's compound fault: ISR {L, F1} (F2 down), `sync: never`. F1 loses power and L's
+    process dies at the same moment; F1 comes back first with a log that lost its unsynced tail,
+    still in the ISR. Electing it would lose acked messages (L would truncate to it on return), so
+    the partition waits for L; L's log (it kept power) holds them all. Five nodes, so that Raft keeps
+    a majority with two of them down."""
+    with LocalCluster(5, config=FAST, power_cuts=True) as cluster:
+        async with Client(cluster.brokers[0]) as client:
+            await client.create_stream("elr", "elr.in", replication_factor=3, min_isr=2)
+        info = await wait_for(lambda: agreed_partition(cluster, "elr", list(range(5))), 15, "elr: a leader", cluster)
+        followers = sorted(set(info.replicas) - {info.leader})
+        leader, follower, other = (index_of(cluster, r) for r in [info.leader, *followers])
+        replicas = sorted([leader, follower, other])
+        bystanders = [i for i in range(5) if i not in replicas]
+        async with running_publisher(cluster, "elr", batch=20) as load:
+            await load.wait_acks(5, 10)
+            cluster.kill(other)
+            await wait_for(lambda: isr_is(cluster, "elr", [leader, follower]), 15, "F2 to leave the ISR", cluster)
+            await load.wait_acks(20, 15)
+            cluster.kill(leader)
+            cut = await asyncio.to_thread(cluster.power_cut, follower)
+            acked_before_faults = dict(load.acked)
+            await restart(cluster, follower)
+            # Long enough for F1's reports of L to reach the quorum (1 of 1) several times over.
+            await asyncio.sleep(4)
+            info = await wait_for(lambda: agreed_partition(cluster, "elr", [follower, *bystanders]), 10,
+                                  "the live nodes to agree on elr", cluster)
+            assert info.leader == cluster.node(leader).server_id, f"elected with a lossy log: {info}"
+            async with Client(cluster.node(bystanders[0]).address) as client:
+                [status] = await client.partitions("elr", metadata_only=True)
+            assert status["unclean"] == [cluster.node(follower).server_id], status
+            await restart(cluster, leader)
+            await restart(cluster, other)
+            await wait_for(lambda: converged(cluster, "elr", replicas), 40, "the replicas to converge", cluster)
+            await load.wait_acks(5, 15)
+        print(f"power cut of F1 while L died: dropped {cut}; {len(load.acked)} acked, {load.failures} failed batches")
+        assert cut["bytes_dropped"] > 0, f"the cut dropped nothing: {cut}"
+        assert not load.conflicts, load.conflicts[:5]
+        assert set(acked_before_faults) <= set(load.acked)
+        await check_live(cluster, "elr", load.acked, replicas)
+
+
+async def isr_is(cluster: LocalCluster, stream: str, indexes: list[int]) -> bool:
+    info = await agreed_partition(cluster, stream, indexes)
+    return info is not None and sorted(info.isr) == sorted(cluster.node(i).server_id for i in indexes)

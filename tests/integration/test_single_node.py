@@ -490,6 +490,28 @@ async def test_restart_keeps_streams_and_messages(tmp_path):
             assert ack.offset == 50
 
 
+async def test_a_clean_stop_is_recorded_and_a_lone_node_leads_again_after_an_unclean_one(tmp_path):
+    """A graceful stop leaves the clean-shutdown marker, which the next start takes; without it
+    (a crash), the node's ISR memberships are marked unclean, and as the whole ISR it still leads."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("marked", "marked")
+            await client.publish("marked", b"before", ack_policy="all")
+    marker = tmp_path / identity.CLEAN_SHUTDOWN
+    assert marker.exists()
+    marker.unlink()  # as if the process had died
+    async with running_node(tmp_path) as (node, address):
+        assert not marker.exists()
+        async with Client(address) as client:
+            await client.wait_ready()
+            ack = await client.publish("marked", b"after", ack_policy="all")
+            assert ack.offset == 1
+        partition = node.state.partition("marked", 0)
+        assert (partition.leader, partition.unclean) == (node.server_id, ())
+    assert marker.exists()
+
+
 async def test_oversize_publish_is_refused_and_node_keeps_serving(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

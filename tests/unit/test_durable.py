@@ -287,3 +287,12 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "data").write_text("")
     with pytest.raises(NotADirectoryError, match="is not a directory"):
         durable.prepare_private_directory(tmp_path / "data")
+
+
+def test_the_clean_shutdown_marker_is_taken_durably_before_the_run_writes_anything(tmp_path, synced):
+    assert identity.take_clean_shutdown(tmp_path) is False
+    identity.record_clean_shutdown(tmp_path)
+    synced.clear()
+    assert identity.take_clean_shutdown(tmp_path) is True
+    assert synced == [("fsync", tmp_path.name)] and not (tmp_path / identity.CLEAN_SHUTDOWN).exists()
+    assert identity.take_clean_shutdown(tmp_path) is False

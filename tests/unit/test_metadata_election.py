@@ -283,3 +283,52 @@ def test_an_election_clears_the_reports_of_the_old_epoch():
     elections.leader_reported("p", VIEW, "L", 3, "a", Position(3, 10), now=0.0)
     elections.elected("p", 4, now=1.0)
     assert elections.reports.witnesses("p") == frozenset()
+
+
+# -- unclean members (KIP-966) ------------------------------------------------------------------
+
+
+def test_an_unclean_member_is_passed_over_for_a_clean_one_holding_less():
+    candidates = [Candidate("a", 5, 100), Candidate("b", 4, 120)]
+    assert choose_leader(candidates, {"a", "b"}, unclean={"a"}) == "b"
+
+
+def test_an_unclean_member_extending_a_clean_ones_epoch_may_lead():
+    """Both logs are prefixes of epoch 5's leader's log: the longer holds whatever the clean one holds."""
+    candidates = [Candidate("a", 5, 100), Candidate("b", 5, 90)]
+    assert choose_leader(candidates, {"a", "b"}, unclean={"a"}) == "a"
+    assert choose_leader([Candidate("a", 5, 80), Candidate("b", 5, 90)], {"a", "b"}, unclean={"a"}) == "b"
+
+
+def test_with_only_unclean_candidates_the_election_waits_for_every_isr_member():
+    assert choose_leader([Candidate("a", -1, 0)], {"L", "a"}, exclude={"L"}, unclean={"a"}) is None
+    both = [Candidate("a", -1, 0), Candidate("L", 5, 1515)]
+    assert choose_leader(both, {"L", "a"}, unclean={"a", "L"}) == "L"
+
+
+def test_issue_25_a_follower_that_lost_power_is_not_elected_in_place_of_the_dead_leader():
+    """ISR {L, F1}: F1 lost power (empty log, unclean) while L's process died. F1's report reaches
+    the quorum (1 of 1), but nobody is elected until L returns; then L, which kept its log, leads."""
+    view = PartitionView("L", 3, 7, frozenset({"L", "F1"}), frozenset({"L", "F1", "F2"}), frozenset({"F1"}))
+    elections = Elections(return_patience=5.0)
+    assert elections.leader_reported("p", view, "L", 3, "F1", Position(-1, 0), now=0.0) is None
+    assert elections.leader_reported("p", view, "L", 3, "F1", Position(-1, 0), now=2.0) is None
+    returned = PartitionView(view.leader, 3, 8, view.isr, view.replicas, frozenset({"F1", "L"}))
+    positions = {"L": Position(3, 1515), "F1": Position(-1, 0)}
+    assert elections.leader_returned("p", returned, "L", 3, positions, now=3.0) == Elect("L", ("F1", "L"), 3, 8)
+
+
+def test_a_returning_unclean_leader_waits_past_its_patience_for_a_clean_member():
+    view = PartitionView("L", 3, 7, frozenset({"L", "a"}), frozenset({"L", "a"}), frozenset({"L"}))
+    elections = Elections(return_patience=1.0)
+    assert elections.leader_returned("p", view, "L", 3, {"L": Position(3, 90)}, now=0.0) is None
+    assert elections.leader_returned("p", view, "L", 3, {"L": Position(3, 90)}, now=5.0) is None
+    positions = {"L": Position(3, 90), "a": Position(3, 80)}
+    assert elections.leader_returned("p", view, "L", 3, positions, now=6.0) == Elect("L", ("L", "a"), 3, 7)
+
+
+def test_expanding_an_unclean_isr_member_declares_it_clean():
+    args = dict(leader="L", epoch=3, replicas={"L", "a"}, isr={"L", "a"})
+    refused = validate_isr_change(IsrChangeKind.EXPAND, "a", "L", 3, **args)
+    accepted = validate_isr_change(IsrChangeKind.EXPAND, "a", "L", 3, **args, unclean={"a"})
+    assert (refused.accepted, accepted.accepted, accepted.isr) == (False, True, frozenset({"L", "a"}))

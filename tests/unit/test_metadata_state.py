@@ -270,3 +270,73 @@ def test_a_snapshot_without_activity_restores_with_none():
     for key in ("activity", "activity_ids", "activity_dropped"):
         del snapshot[key]
     assert MetadataState.restore(snapshot).activity == ()
+
+
+# -- unclean restarts ---------------------------------------------------------------------------
+
+
+def register(state, broker, incarnation, unclean):
+    return apply(state, "register_broker", id=broker, host="h", port=1, raft=f"h:{ord(broker)}",
+                 incarnation=incarnation, unclean=unclean)
+
+
+def test_an_unclean_restart_marks_the_brokers_isr_memberships_unclean():
+    state = stream_state(replicas=(("a", "b", "c"), ("a", "c")))
+    before = state.partition("s", 0).epoch
+    assert register(state, "b", "b-2", unclean=True) is None
+    assert state.partition("s", 0).unclean == ("b",)
+    assert state.partition("s", 0).epoch == before + 1  # changes decided on the old view are refused
+    assert state.partition("s", 1).unclean == ()  # not a replica there
+    register(state, "a", "a-2", unclean=True)
+    assert state.partition("s", 0).unclean == ("a", "b") and state.partition("s", 1).unclean == ("a",)
+
+
+def test_a_clean_restart_or_the_same_incarnation_again_marks_nothing():
+    state = stream_state()
+    register(state, "b", "b-2", unclean=False)
+    register(state, "c", "c-2", unclean=True)
+    register(state, "c", "c-2", unclean=True)  # registered again (say, a new host): no new loss
+    assert state.partition("s", 0).unclean == ("c",)
+    apply(state, "change_isr", name="s", partition=0, replica="c", add=True, leader="a", leader_epoch=0)
+    register(state, "c", "c-2", unclean=True)
+    assert state.partition("s", 0).unclean == ()
+
+
+def test_an_unclean_member_is_cleared_by_its_expansion_and_dropped_by_its_shrink():
+    state = stream_state()
+    register(state, "b", "b-2", unclean=True)
+    register(state, "c", "c-2", unclean=True)
+    isr_change = dict(name="s", partition=0, leader="a", leader_epoch=0)
+    assert apply(state, "change_isr", replica="b", add=True, **isr_change) is None
+    assert apply(state, "change_isr", replica="c", add=False, **isr_change) is None
+    p = state.partition("s", 0)
+    assert (p.isr, p.unclean) == (("a", "b"), ())
+    assert apply(state, "change_isr", replica="b", add=True, **isr_change)[0] == FAILED_PRECONDITION
+
+
+def test_a_new_leader_is_clean_and_the_unclean_stay_within_the_isr():
+    state = stream_state()
+    register(state, "b", "b-2", unclean=True)
+    register(state, "c", "c-2", unclean=True)
+    assert apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0, isr=["b", "c"]) is None
+    p = state.partition("s", 0)
+    assert (p.leader, p.isr, p.unclean) == ("b", ("b", "c"), ("c",))
+    apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=1, isr=["b"])
+    assert state.partition("s", 0).unclean == ()
+
+
+def test_unclean_members_survive_a_snapshot():
+    state = stream_state()
+    register(state, "b", "b-2", unclean=True)
+    restored = MetadataState.restore(msgpack.unpackb(msgpack.packb(state.state.snapshot()), raw=False))
+    assert restored.partition("s", 0) == state.partition("s", 0)
+    old = state.state.snapshot()
+    for stream in old["streams"]:
+        for p in stream["partitions"]:
+            del p["unclean"]  # a snapshot taken before unclean members existed
+    assert MetadataState.restore(old).partition("s", 0).unclean == ()
+
+
+def test_register_broker_refuses_a_non_boolean_unclean():
+    with pytest.raises(CommandError, match="unclean"):
+        encode_command("register_broker", id="b", host="h", port=1, raft="h:1", unclean="yes")

@@ -325,3 +325,25 @@ def test_a_follower_asking_again_for_what_it_was_sent_is_seen():
     assert t.record_fetch("F", 10, 7, 2.0)
     assert not t.asks_again("F", 10)  # caught up, nothing was sent
     assert not t.asks_again("X", 5)
+
+
+# -- unclean members ----------------------------------------------------------------------------
+
+
+def test_an_unclean_member_is_declared_clean_once_it_holds_every_committed_message():
+    t = tracker(isr=("L", "F", "G"), leo=10, hw=4, unclean=("F",))
+    assert t.expand_proposals(1.0) == []
+    assert t.record_fetch("F", 4, 7, 1.0)  # at or below the HW: lacks committed messages
+    assert t.expand_proposals(1.0) == []
+    assert t.record_fetch("F", 10, 7, 2.0)
+    assert t.expand_proposals(2.0, partition_epoch=3) == ["F"]
+    assert t.expand_proposals(2.0) == []  # pending: asked once
+    t.set_isr({"L", "F", "G"}, 2.5, partition_epoch=3, unclean={"F"})
+    assert t.pending_expansions == {"F"}  # the metadata has not cleared it yet
+    t.set_isr({"L", "F", "G"}, 3.0, partition_epoch=4)
+    assert t.pending_expansions == frozenset() and t.unclean == frozenset()
+
+
+def test_the_unclean_set_is_kept_within_the_isr():
+    t = tracker(isr=("L", "F"), unclean=("F", "G"))
+    assert t.unclean == {"F"}

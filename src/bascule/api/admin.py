@@ -48,19 +48,21 @@ class Admin:
         partitions = [
             (
                 p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly,
-                compacted(st.name, st.settings, self.cluster.compact_enabled),
+                compacted(st.name, st.settings, self.cluster.compact_enabled), list(p.unclean),
             )
             for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream
             for p in st.partitions.values()
         ]
         response = admin_pb2.PartitionsResponse()
-        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly, compact in sorted(partitions):
+        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly, compact, unclean in sorted(
+            partitions
+        ):
             key = f"{stream}/{pid}"
             leader_end, leader_hw, _ = reports.get(leader, {}).get(key, (-1, -1, -1))
             status = response.partitions.add(
                 stream=stream, partition=pid, leader=leader, replicas=replicas, isr=isr,
                 highWatermark=leader_hw, partitionEpoch=epoch, leaderEpoch=leader_epoch,
-                paused=paused, readonly=readonly, compacted=compact,
+                paused=paused, readonly=readonly, compacted=compact, unclean=unclean,
             )
             if request.metadataOnly:
                 continue

@@ -37,13 +37,27 @@ class Candidate:
 
 
 def choose_leader(
-    candidates: Iterable[Candidate], isr: Collection[str], exclude: Collection[str] = ()
+    candidates: Iterable[Candidate], isr: Collection[str], exclude: Collection[str] = (),
+    unclean: Collection[str] = (),
 ) -> str | None:
     """The ISR candidate with the greatest (last epoch, log end offset) pair (Oxia's rule: the
-    fewest uncommitted entries are thrown away); ties go to the fewest leaderships, then the
-    smallest id. ``candidates`` must be live replicas; ``exclude`` is typically the failed leader.
-    None when no ISR member is a candidate: there is no unclean election."""
+    fewest uncommitted entries are thrown away), among those known to hold every committed entry;
+    ties go to the fewest leaderships, then the smallest id. ``candidates`` must be live
+    replicas; ``exclude`` is typically the failed leader.
+
+    ``unclean`` ISR members restarted after an unclean shutdown and have not caught up since: their
+    logs may have lost acknowledged entries (KIP-966). One of them is chosen only beside a clean
+    candidate whose last epoch it shares and whose log it extends (both logs are then prefixes of
+    that epoch's leader's log, so it holds whatever the clean one holds), or when every ISR member
+    is a candidate and all are unclean (the most complete log there is). Otherwise None: wait for
+    a clean member or for all of them. There is no unclean election."""
     eligible = [c for c in candidates if c.replica_id in isr and c.replica_id not in exclude]
+    clean = [c for c in eligible if c.replica_id not in unclean]
+    if clean:
+        reference = max(clean, key=_position)
+        eligible = clean + [c for c in eligible if c.replica_id in unclean and c.last_epoch == reference.last_epoch]
+    elif not set(isr) <= {c.replica_id for c in eligible}:
+        return None
     if not eligible:
         return None
     best = min(
@@ -51,6 +65,10 @@ def choose_leader(
         key=lambda c: (-c.last_epoch, -c.log_end_offset, c.leader_count, c.replica_id),
     )
     return best.replica_id
+
+
+def _position(candidate: Candidate) -> Position:
+    return Position(candidate.last_epoch, candidate.log_end_offset)
 
 
 def isr_after_leader_change(isr: Collection[str], old_leader: str | None, new_leader: str) -> frozenset[str]:
@@ -186,6 +204,7 @@ class PartitionView:
     epoch: int  # the partition epoch: every change is conditional on it
     isr: frozenset[str]
     replicas: frozenset[str]
+    unclean: frozenset[str] = frozenset()  # ISR members that restarted uncleanly and have not caught up
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +251,9 @@ class Elections:
       Positions of every ISR member are awaited for up to ``return_patience`` seconds (a member
       that is still starting may hold more than the returning one), then the choice is made
       among those that answered.
+    - Either way, a member that restarted after an unclean shutdown is chosen only as
+      :func:`choose_leader` allows: while no candidate is known to hold every committed entry, the
+      partition waits for one, or for every ISR member, instead of electing a log that lost acks.
     """
 
     def __init__(
@@ -254,7 +276,7 @@ class Elections:
         if verdict is not ReportVerdict.LEADER_FAILED or view.leader is None:
             return None
         candidates = [Candidate(rid, *pos) for rid, pos in self.reports.positions(partition).items()]
-        new_leader = choose_leader(candidates, view.isr, exclude={view.leader})
+        new_leader = choose_leader(candidates, view.isr, exclude={view.leader}, unclean=view.unclean)
         return None if new_leader is None else _elect(view, new_leader, view.leader)
 
     def leader_returned(
@@ -274,7 +296,7 @@ class Elections:
         if missing and now - since < self.return_patience:
             return None
         candidates = [Candidate(rid, *pos) for rid, pos in positions.items() if rid in view.isr]
-        new_leader = choose_leader(candidates, view.isr)
+        new_leader = choose_leader(candidates, view.isr, unclean=view.unclean)
         return None if new_leader is None else _elect(view, new_leader, leader)
 
     def elected(self, partition: Hashable, leader_epoch: int, now: float) -> None:
@@ -314,13 +336,15 @@ def validate_isr_change(
     isr: Collection[str],
     request_partition_epoch: int | None = None,
     partition_epoch: int | None = None,
+    unclean: Collection[str] = (),
 ) -> IsrDecision:
     """Check a shrink/expand request of a partition leader against the current metadata.
 
     Refused when the requester is not the current leader or names another leader epoch (a zombie
     leader), when it names another partition epoch (it was decided on an ISR that has changed
     since: a stale proposer must not undo a shrink), when the replica is not one of the
-    partition's, when a shrink would remove the leader, and when it changes nothing.
+    partition's, when a shrink would remove the leader, and when it changes nothing. Expanding
+    an ``unclean`` ISR member changes something: it caught up, and is clean again.
     """
     current = frozenset(isr)
     if leader is None or request_leader != leader:
@@ -337,6 +361,6 @@ def validate_isr_change(
         if replica_id not in current:
             return IsrDecision(False, "not in the ISR", current)
         return IsrDecision(True, "ok", current - {replica_id})
-    if replica_id in current:
+    if replica_id in current and replica_id not in unclean:
         return IsrDecision(False, "already in the ISR", current)
     return IsrDecision(True, "ok", current | {replica_id})

@@ -177,6 +177,9 @@ class MetadataService:
             Position(last_epoch, log_end_offset), self.clock(),
         )
         if decision is None:
+            if view.unclean:
+                log.info("%s/%s: leader %s reported by %s; not electing the unclean %s while no clean ISR member "
+                         "answers", stream, partition, leader, reporter, sorted(view.unclean))
             return
         log.info("%s/%s: leader %s failed (epoch %d), electing %s", stream, partition, leader, leader_epoch,
                  decision.leader)
@@ -195,7 +198,8 @@ class MetadataService:
             (stream, partition), self._view(stream, partition), leader, leader_epoch, positions, self.clock(),
         )
         if decision is None:
-            raise NoMetadataLeader(f"{stream}/{partition}: waiting for the positions of the ISR")
+            unclean = f" (unclean: {sorted(view.unclean)})" if view.unclean else ""
+            raise NoMetadataLeader(f"{stream}/{partition}: waiting for the positions of the ISR{unclean}")
         log.info("%s/%s: leader %s returned (epoch %d), electing %s", stream, partition, leader, leader_epoch,
                  decision.leader)
         await self._propose_election(stream, partition, decision)
@@ -285,7 +289,7 @@ def _partition_view(partition: Partition | None) -> PartitionView | None:
         return None
     return PartitionView(
         partition.leader, partition.leader_epoch, partition.epoch, frozenset(partition.isr),
-        frozenset(partition.replicas),
+        frozenset(partition.replicas), frozenset(partition.unclean),
     )
 
 

@@ -54,6 +54,10 @@ class Partition:
     readonly: bool = False
     paused_at: int = 0
     readonly_at: int = 0
+    # ISR members whose broker restarted after an unclean shutdown (their logs may have lost
+    # acknowledged entries) and that have not caught up with a leader since: elections pass them
+    # over (metadata.election.choose_leader). Always a subset of the ISR.
+    unclean: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ class MetadataState:
         streams = {}
         for s in snapshot["streams"]:
             partitions = {
-                p["id"]: Partition(**{**p, "replicas": tuple(p["replicas"]), "isr": tuple(p["isr"])})
+                p["id"]: Partition(**{**p, "replicas": tuple(p["replicas"]), "isr": tuple(p["isr"]),
+                                      "unclean": tuple(p.get("unclean", ()))})
                 for p in s["partitions"]
             }
             streams[s["name"]] = Stream(**{**s, "partitions": partitions})
@@ -181,7 +186,16 @@ class MetadataState:
 
     def _register_broker(self, c: dict[str, Any]) -> Change:
         broker = Broker(c["id"], c["host"], c["port"], c["raft"], c.get("incarnation", ""))
-        return replace(self, brokers={**self.brokers, broker.id: broker}), None
+        state = replace(self, brokers={**self.brokers, broker.id: broker})
+        if not c.get("unclean", False) or broker.incarnation == self._incarnation(broker.id):
+            return state, None
+        for stream in self.streams.values():
+            changed = [
+                replace(p, unclean=tuple(r for r in p.isr if r in p.unclean or r == broker.id), epoch=p.epoch + 1)
+                for p in stream.partitions.values() if broker.id in p.isr and broker.id not in p.unclean
+            ]
+            state = state._with_partitions(stream.name, changed)
+        return state, None
 
     def _create_stream(self, c: dict[str, Any]) -> Change:
         name = c["name"]
@@ -246,9 +260,11 @@ class MetadataState:
             return self, (FAILED_PRECONDITION, f"stale partition epoch {c['epoch']}, current {p.epoch}")
         if c["leader"] not in p.isr:
             return self, (FAILED_PRECONDITION, f"{c['leader']} is not in the ISR")
+        # The new leader's log is the partition's from now on: it has nothing to catch up with.
         changed = replace(
             p, leader=c["leader"], leader_incarnation=self._incarnation(c["leader"]),
             isr=tuple(r for r in p.replicas if r in c["isr"]), leader_epoch=p.leader_epoch + 1, epoch=p.epoch + 1,
+            unclean=tuple(r for r in p.unclean if r in c["isr"] and r != c["leader"]),
         )
         return self._with_partitions(c["name"], [changed]), None
 
@@ -260,11 +276,15 @@ class MetadataState:
             IsrChangeKind.EXPAND if c["add"] else IsrChangeKind.SHRINK,
             c["replica"], c["leader"], c["leader_epoch"],
             leader=p.leader, epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr,
-            request_partition_epoch=c.get("epoch"), partition_epoch=p.epoch,
+            request_partition_epoch=c.get("epoch"), partition_epoch=p.epoch, unclean=p.unclean,
         )
         if not decision.accepted:
             return self, (FAILED_PRECONDITION, f"ISR change refused: {decision.reason}")
-        changed = replace(p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1)
+        # Either way the replica is no longer unclean: it left the ISR, or it caught up.
+        changed = replace(
+            p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1,
+            unclean=tuple(r for r in p.unclean if r != c["replica"]),
+        )
         return self._with_partitions(c["name"], [changed]), None
 
     def _join_consumer_group(self, c: dict[str, Any]) -> Change:
@@ -392,4 +412,5 @@ def _stream_fields(stream: Stream) -> dict[str, Any]:
 
 
 def _partition_fields(partition: Partition) -> dict[str, Any]:
-    return {**asdict(partition), "replicas": list(partition.replicas), "isr": list(partition.isr)}
+    return {**asdict(partition), "replicas": list(partition.replicas), "isr": list(partition.isr),
+            "unclean": list(partition.unclean)}

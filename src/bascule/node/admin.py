@@ -55,7 +55,10 @@ class AdminQueries:
 
     def replica_report(self) -> ReplicaReport:
         """Every sound replica on this node, as elections compare them (a damaged log ends at its
-        damage; a failed one is left out)."""
+        damage; a failed one is left out); none before this incarnation is registered, since until
+        then the metadata cannot know whether they lost entries."""
+        if not self.partitions.registered():
+            return {}
         return {
             f"{stream}/{pid}": _report_of(local.replica)
             for (stream, pid), local in self.partitions.items()

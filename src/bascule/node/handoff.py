@@ -55,7 +55,7 @@ def successor(partition: Partition, server_id: str, reports: ReplicaReports) -> 
         Candidate(broker, report[key][2], report[key][0])
         for broker, report in reports.items() if key in report
     ]
-    return choose_leader(candidates, partition.isr, exclude={server_id})
+    return choose_leader(candidates, partition.isr, exclude={server_id}, unclean=partition.unclean)
 
 
 async def hand_off_leaderships(

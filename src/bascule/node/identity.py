@@ -81,3 +81,24 @@ def remember_raft_members(data_dir: Path, members: list[str], address: str) -> l
 
 def _peers_file(data_dir: Path) -> Path:
     return data_dir / "raft" / "peers"
+
+
+CLEAN_SHUTDOWN = "clean-shutdown"
+
+
+def take_clean_shutdown(data_dir: Path) -> bool:
+    """Whether the previous run of this node stopped cleanly (every log synced and closed), and
+    from now on, whatever happens to this run, not: the marker goes before any log is written.
+    A crash and a power cut look the same from here, so any other stop counts as unclean."""
+    marker = data_dir / CLEAN_SHUTDOWN
+    if not marker.exists():
+        return False
+    marker.unlink()
+    durable.sync_directory(data_dir)
+    return True
+
+
+def record_clean_shutdown(data_dir: Path) -> None:
+    """Every log of this node is synced and closed, and the metadata knows of any loss found at
+    its start: the next start may count as clean."""
+    durable.write_atomically(data_dir / CLEAN_SHUTDOWN, "")

@@ -74,6 +74,9 @@ class Node:
         self.master_key = MasterKey.from_environment(os.environb)
         self.server_id = ""
         self.api_port = 0
+        # Whether the metadata knows all this node's logs may have lost (set at start, from the
+        # previous run's shutdown; made true by the registration that records an unclean one).
+        self._losses_recorded = False
         self._embedded: EmbeddedNats | None = None
         self._nats: nats.NATS | None = None
         self._internal: SealedNats | None = None  # the node-to-node side of _nats
@@ -189,6 +192,10 @@ class Node:
         await asyncio.to_thread(durable.prepare_private_directory, self.data_dir)
         clustering = self.config.clustering
         self.server_id = await asyncio.to_thread(identity.server_id, clustering, self.data_dir)
+        clean_start = self._losses_recorded = await asyncio.to_thread(identity.take_clean_shutdown, self.data_dir)
+        if not clean_start:
+            log.warning("the previous run of this node did not stop cleanly: its replicas count as unclean "
+                        "(not electable) until they catch up with their leaders")
         nats_url = await self._start_nats()
         auth = self.config.nats.auth
         # Retried until NATS is up, but not when it refuses the credentials: that needs an operator.
@@ -238,7 +245,7 @@ class Node:
         await self._metadata.start()
         await self._admin.start()
         self._partitions.schedule_reconcile()
-        registration = self.tasks.spawn(self._register_broker(raft_address), "register broker")
+        registration = self.tasks.spawn(self._register_broker(raft_address, clean_start), "register broker")
         # Serve once this broker is known to the cluster, so the first CreateStream can place on it;
         # without a metadata leader in sight, serve anyway and answer "no known metadata leader".
         if registration is not None:
@@ -257,6 +264,8 @@ class Node:
         await self.tasks.close()
         if self._partitions is not None:
             await self._partitions.close()
+            if self._losses_recorded and self._partitions.closed_sound:
+                await asyncio.to_thread(identity.record_clean_shutdown, self.data_dir)
         if self._raft is not None:
             await asyncio.to_thread(self._raft.close)
         if self._envelopes is not None:
@@ -303,7 +312,9 @@ class Node:
         if self._partitions is not None:
             self._partitions.schedule_reconcile()
 
-    async def _register_broker(self, raft_address: str) -> None:
+    async def _register_broker(self, raft_address: str, clean_start: bool) -> None:
+        """Registers this incarnation; after an unclean shutdown, the metadata marks this broker's
+        ISR memberships unclean in the same command (``MetadataState._register_broker``)."""
         host, port = self.config.advertised_host, self.api_port
         wanted = (host, port, raft_address, self.incarnation)
         while True:
@@ -313,10 +324,11 @@ class Node:
             try:
                 await self.call(
                     "register_broker", id=self.server_id, host=host, port=port, raft=raft_address,
-                    incarnation=self.incarnation,
+                    incarnation=self.incarnation, unclean=not clean_start,
                 )
             except NoMetadataLeader:
                 await asyncio.sleep(REGISTRATION_RETRY)
+        self._losses_recorded = True
         await self._ensure_cursor_stream()
 
     async def _ensure_cursor_stream(self) -> None:

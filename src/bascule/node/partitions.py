@@ -82,6 +82,7 @@ class Partitions:
         self._reconcile_scheduled = False
         self._reconcile_lock = asyncio.Lock()
         self._withdrawn = False
+        self.closed_sound = True  # every log closed so far was sound: synced, not failed
         self._returning: set[tuple[str, int, int]] = set()  # (stream, partition, leader epoch) being handed back
 
     async def start(self) -> None:
@@ -98,6 +99,12 @@ class Partitions:
         async with self._reconcile_lock:
             self._withdrawn = True
             await self.close()
+
+    def registered(self) -> bool:
+        """Whether the metadata knows this incarnation (and so whether its replicas are unclean):
+        until then, their positions must not reach an election."""
+        broker = self.raft.state.brokers.get(self.server_id)
+        return broker is not None and broker.incarnation == self.incarnation
 
     def get(self, stream: str, partition: int) -> LocalPartition | None:
         return self._local.get((stream, partition))
@@ -214,7 +221,7 @@ class Partitions:
         min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
         local.replica.become_leader(
             self.server_id, partition.leader_epoch, partition.epoch, list(partition.replicas), list(partition.isr),
-            min_isr, clustering.replica_max_lag_time, clustering.replica_max_leader_timeout,
+            min_isr, clustering.replica_max_lag_time, clustering.replica_max_leader_timeout, partition.unclean,
         )
         if local.endpoint is None:
             local.endpoint = LeaderEndpoint(self.nc, self.subjects, local.replica, clustering.replication_max_bytes)
@@ -263,6 +270,9 @@ class Partitions:
                  stream, partition, leader_epoch)
         try:
             while not replica.closed and self._still_returning(key):
+                if not self.registered():
+                    await asyncio.sleep(RETURN_RETRY)
+                    continue
                 last_epoch, log_end_offset = replica.position()
                 try:
                     await self.metadata.call(
@@ -285,6 +295,10 @@ class Partitions:
         )
 
     async def _report_leader(self, replica: PartitionReplica, leader: str, leader_epoch: int) -> None:
+        if not self.registered():
+            log.info("%s/%s: leader %s (epoch %d) is silent; reporting it once this node is registered",
+                     replica.stream, replica.partition, leader, leader_epoch)
+            return
         log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
                     replica.stream, replica.partition, leader, leader_epoch)
         last_epoch, log_end_offset = replica.position()
@@ -331,6 +345,8 @@ class Partitions:
         await self.switch_capture(local, False)
         local.replica.stop()
         await asyncio.to_thread(local.replica.close)  # it syncs the log
+        if local.replica.failed is not None and not delete:
+            self.closed_sound = False
         if delete:
             await asyncio.to_thread(_remove_partition_directory, local.replica.log.directory)
 

@@ -193,10 +193,11 @@ class PartitionReplica:
 
     def become_leader(
         self, leader_id: str, leader_epoch: int, partition_epoch: int, replicas: Iterable[str],
-        isr: Iterable[str], min_isr: int, max_lag_time: float, leader_timeout: float,
+        isr: Iterable[str], min_isr: int, max_lag_time: float, leader_timeout: float, unclean: Iterable[str] = (),
     ) -> None:
-        """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR and min ISR.
-        ``leader_timeout``: the followers' (how long one waits before reporting this leader)."""
+        """Lead ``leader_epoch``; the same epoch again only takes the metadata's new ISR (and its
+        ``unclean`` members) and min ISR. ``leader_timeout``: the followers' (how long one waits
+        before reporting this leader)."""
         if self.failed is not None:
             raise self._failed_error()
         if leader_epoch <= self.fenced_epoch:
@@ -205,7 +206,7 @@ class PartitionReplica:
         if self.leadership is not None and self.leader_epoch == leader_epoch:
             tracker = self.leadership.tracker
             isr_before = tracker.isr
-            self.leadership.metadata_changed(isr, partition_epoch, min_isr, now)
+            self.leadership.metadata_changed(isr, partition_epoch, min_isr, now, unclean)
             self.isr_shrinks += len(isr_before - tracker.isr)
             self.isr_expansions += len(tracker.isr - isr_before)
             self._publish_high_watermark(self.leadership)
@@ -218,7 +219,7 @@ class PartitionReplica:
         self.leadership = Leadership(
             leader_id, leader_epoch, partition_epoch, replicas, isr, history=self.log.epochs,
             log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
-            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now,
+            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now, unclean=unclean,
         )
         self._publish_high_watermark(self.leadership)
         self._wake_readers()

@@ -138,7 +138,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 
 # op -> {field: check} of fields that may be absent (journals written before they existed).
 OPTIONAL: dict[str, dict[str, Check]] = {
-    "register_broker": {"incarnation": _string(_any_string)},
+    "register_broker": {"incarnation": _string(_any_string), "unclean": _boolean},
     "change_leader": {"epoch": _EPOCH},
     "change_isr": {"epoch": _EPOCH},
 }

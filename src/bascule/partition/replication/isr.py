@@ -58,6 +58,7 @@ class IsrTracker:
         leader_timeout: float,
         now: float,
         epoch_start: int | None = None,
+        unclean: Iterable[str] = (),
     ) -> None:
         self.leader_id = leader_id
         self.leader_epoch = leader_epoch
@@ -73,30 +74,36 @@ class IsrTracker:
         }
         self.started_at = now
         self.isr: frozenset[str] = frozenset()
+        self.unclean: frozenset[str] = frozenset()  # ISR members that must show they caught up (metadata's)
         # Expansions and shrinks proposed and not settled, with the partition epoch they were proposed at.
         self._expanding: dict[str, int] = {}
         self._shrinking: dict[str, int] = {}
         # The lease's expiry as last computed: a lower bound until the ISR or a change in flight
         # moves (newer echoes only move the expiry later).
         self._lease: float | None = None
-        self.set_isr(isr, now)
+        self.set_isr(isr, now, unclean=unclean)
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def set_isr(self, isr: Iterable[str], now: float, partition_epoch: int | None = None) -> None:
+    def set_isr(
+        self, isr: Iterable[str], now: float, partition_epoch: int | None = None, unclean: Iterable[str] = (),
+    ) -> None:
         """Adopt the ISR the metadata committed (the leader is always part of it) at
-        ``partition_epoch``. Settles pending expansions: accepted when the ISR contains them,
-        refused when it does not at a newer partition epoch than they were proposed at (ISR
-        changes are conditional on the partition epoch, so such a proposal can never commit)."""
+        ``partition_epoch``, and its ``unclean`` members. Settles pending expansions: accepted
+        when the ISR contains them as clean members, refused when it does not at a newer partition
+        epoch than they were proposed at (ISR changes are conditional on the partition epoch, so
+        such a proposal can never commit)."""
         new_isr = frozenset(isr) | {self.leader_id}
         for rid in new_isr - self.isr:
             progress = self._followers.get(rid)
             if progress is not None and progress.last_caught_up_time is None:
                 progress.last_caught_up_time = now  # a grace period for a member we never saw
         self.isr = new_isr
+        self.unclean = frozenset(unclean) & new_isr
         self._lease = None
         for rid, proposed_at in list(self._expanding.items()):
-            if rid in new_isr or (partition_epoch is not None and partition_epoch > proposed_at):
+            settled = rid in new_isr and rid not in self.unclean
+            if settled or (partition_epoch is not None and partition_epoch > proposed_at):
                 del self._expanding[rid]
         for rid, proposed_at in list(self._shrinking.items()):
             if rid not in new_isr or (partition_epoch is not None and partition_epoch > proposed_at):
@@ -227,9 +234,9 @@ class IsrTracker:
         return sorted(lagging)
 
     def expand_proposals(self, now: float, partition_epoch: int = 0) -> list[str]:
-        """Replicas to add to the ISR: outside it, their last fetch (no older than
-        ``max_lag_time``) was caught up and already holds every committed message and everything
-        before this leader's epoch.
+        """Replicas to add to the ISR: outside it (or in it but unclean, to be declared clean),
+        their last fetch (no older than ``max_lag_time``) was caught up and already holds every
+        committed message and everything before this leader's epoch.
 
         Each replica is returned once and is from then on *pending*: it counts for the HW as if
         it were in the ISR (Kafka's "maximal ISR") until :meth:`set_isr` includes it or
@@ -239,7 +246,7 @@ class IsrTracker:
         one the proposal is conditional on.
         """
         ready = []
-        for rid in (self.replicas - self.isr).difference(self._expanding):
+        for rid in ((self.replicas - self.isr) | self.unclean).difference(self._expanding, {self.leader_id}):
             p = self._followers[rid]
             if (
                 p.caught_up_at_last_fetch

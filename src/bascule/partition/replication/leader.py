@@ -66,13 +66,14 @@ class Leadership:
         max_lag_time: float,
         leader_timeout: float,
         now: float,
+        unclean: Iterable[str] = (),
     ) -> None:
         start_leader_epoch(history, leader_epoch, log_end_offset)
         self.leader_epoch = leader_epoch
         self.partition_epoch = partition_epoch
         self.tracker = IsrTracker(
             leader_id, leader_epoch, replicas, isr, leader_log_end=log_end_offset, hw=hw,
-            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now,
+            min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now, unclean=unclean,
         )
         self.acks = PendingAcks()
         self._in_flight: set[tuple[str, bool]] = set()
@@ -88,13 +89,16 @@ class Leadership:
         (this one was paused or cut off) and this leadership must end before the metadata says so."""
         return requested_epoch > self.leader_epoch
 
-    def metadata_changed(self, isr: Iterable[str], partition_epoch: int, min_isr: int, now: float) -> None:
-        """The metadata committed ``isr`` at ``partition_epoch`` (same leader epoch)."""
+    def metadata_changed(
+        self, isr: Iterable[str], partition_epoch: int, min_isr: int, now: float, unclean: Iterable[str] = (),
+    ) -> None:
+        """The metadata committed ``isr`` (and its ``unclean`` members) at ``partition_epoch``
+        (same leader epoch)."""
         if partition_epoch < self.partition_epoch:
             return  # an older view than one already applied
         self.partition_epoch = partition_epoch
         self.tracker.min_isr = min_isr
-        self.tracker.set_isr(isr, now, partition_epoch)
+        self.tracker.set_isr(isr, now, partition_epoch, unclean)
         self._unsettled_expansions &= self.tracker.pending_expansions
 
     def isr_requests(self, now: float) -> list[IsrRequest]:

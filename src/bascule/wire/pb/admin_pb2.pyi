@@ -81,7 +81,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., logEndOffset: _Optional[int] = ..., highWatermark: _Optional[int] = ..., lag: _Optional[int] = ..., inIsr: _Optional[bool] = ..., reachable: _Optional[bool] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("stream", "partition", "leader", "replicas", "isr", "highWatermark", "partitionEpoch", "leaderEpoch", "replicaStatus", "paused", "readonly", "compacted")
+    __slots__ = ("stream", "partition", "leader", "replicas", "isr", "highWatermark", "partitionEpoch", "leaderEpoch", "replicaStatus", "paused", "readonly", "compacted", "unclean")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class PartitionStatus(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     READONLY_FIELD_NUMBER: _ClassVar[int]
     COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    UNCLEAN_FIELD_NUMBER: _ClassVar[int]
     stream: str
     partition: int
     leader: str
@@ -106,7 +107,8 @@ class PartitionStatus(_message.Message):
     paused: bool
     readonly: bool
     compacted: bool
-    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., partitionEpoch: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., replicaStatus: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ..., compacted: _Optional[bool] = ...) -> None: ...
+    unclean: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., partitionEpoch: _Optional[int] = ..., leaderEpoch: _Optional[int] = ..., replicaStatus: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ..., compacted: _Optional[bool] = ..., unclean: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PartitionsResponse(_message.Message):
     __slots__ = ("partitions",)
