@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgpack
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from bascule import durable
 from bascule.metadata.journal import install_durable_storage
+from bascule.metadata.raft_fixes import SafeSyncObj
 from bascule.metadata.state import MetadataState
 from bascule.wire.commands import CommandError, decode_command, encode_command
 
@@ -57,29 +58,46 @@ class MetadataStore(SyncObjConsumer):
         return self.apply_journaled(command)
 
     def apply_journaled(self, command: bytes) -> tuple[str, str] | None:
-        """Apply one journaled command; never raises (see below), on every node alike."""
-        try:
-            decoded = decode_command(command)
-        except CommandError as exc:
-            # A command journaled by another bascule version: refuse it the same way on every node.
-            log.error("refusing journaled command: %s", exc)
-            return "INVALID_ARGUMENT", str(exc)
-        try:
-            self.state, result = self.state.apply(decoded)
-        except Exception as exc:
-            # pysyncobj would retry a raising apply forever, on every node and every replay,
-            # wedging the group: a command that cannot be applied is a deterministic no-op.
-            log.exception("refusing a command the state machine could not apply: %.200r", decoded)
-            result = "INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}"
+        """Apply one journaled command; never raises (see ``_applied``), on every node alike."""
+        self.state, result = _applied(self.state, command)
         self.on_applied()
         return result
+
+    def rebuild(self, dump: bytes | None, commands: Sequence[bytes]) -> None:
+        """The state replayed from the journal, replacing the current one at once: readers never see a
+        state half-way through the replay."""
+        state = MetadataState() if dump is None else _restored(dump)
+        for command in commands:
+            state, _ = _applied(state, command)
+        self.state = state
+        self.on_applied()
 
     def _serialize(self) -> bytes:
         return msgpack.packb(self.state.snapshot(), use_bin_type=True)
 
     def _deserialize(self, data: bytes) -> None:
-        self.state = MetadataState.restore(msgpack.unpackb(data, raw=False, strict_map_key=False))
+        self.state = _restored(data)
         self.on_applied()
+
+
+def _applied(state: MetadataState, command: bytes) -> tuple[MetadataState, tuple[str, str] | None]:
+    try:
+        decoded = decode_command(command)
+    except CommandError as exc:
+        # A command journaled by another bascule version: refuse it the same way on every node.
+        log.error("refusing journaled command: %s", exc)
+        return state, ("INVALID_ARGUMENT", str(exc))
+    try:
+        return state.apply(decoded)
+    except Exception as exc:
+        # pysyncobj would retry a raising apply forever, on every node and every replay,
+        # wedging the group: a command that cannot be applied is a deterministic no-op.
+        log.exception("refusing a command the state machine could not apply: %.200r", decoded)
+        return state, ("INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}")
+
+
+def _restored(dump: bytes) -> MetadataState:
+    return MetadataState.restore(msgpack.unpackb(dump, raw=False, strict_map_key=False))
 
 
 def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncObjConf:
@@ -124,7 +142,7 @@ class MetadataRaft:
         self._on_change = on_change
         self._store = MetadataStore(self._applied)
         install_durable_storage()  # before SyncObj opens its journal
-        self._sync = SyncObj(
+        self._sync = SafeSyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
         self._sync.addOnTickCallback(self._expire_unanswered_connects)
