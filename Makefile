@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test check soak containers fuse proto clean
+.PHONY: venv run test check soak containers fuse faketime proto clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ run: venv
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
 # --durations: the slowest tests in every run's log, to keep the suite under 15 minutes on 2 cores.
-test: venv check containers fuse
+test: venv check containers fuse faketime
 	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
 
 # Lint, types and the layering contracts (pyproject.toml): the code's shape, checked before its behaviour.
@@ -54,6 +54,13 @@ fuse:
 	@command -v fusermount3 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& { apt-get install -y -q fuse3 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q fuse3 >/dev/null; }; }; } \
 		|| echo "make fuse: no fusermount3, and no root with apt-get to install fuse3: the power-cut tests will skip"
+
+# libfaketime (Debian's faketime) steps one node's wall clock in tests/integration/test_clock_steps.py;
+# without it (no root with apt-get) that test skips and says why.
+faketime:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -q faketime >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }; }; } \
+		|| echo "make faketime: no libfaketime, and no root with apt-get to install faketime: the clock step test will skip"
 
 proto: venv
 	$(PY) -m bascule.wire.generate

@@ -124,7 +124,7 @@ async def test_partition_series_follow_publishes(tmp_path):
         assert after[("bascule_nats_reconnects_total", frozenset())] == 0
         dropped = [labels for name, labels in after if name == "bascule_internal_messages_dropped_total"]
         reasons = {dict(labels)["reason"] for labels in dropped}
-        assert reasons == {"malformed", "bad_tag", "stale", "replayed"}
+        assert reasons == {"malformed", "bad_tag", "untimely", "behind_window", "replayed"}
 
 
 async def test_dropped_internal_messages_are_counted(tmp_path):

@@ -23,8 +23,15 @@ class UnauthenticatedReply(NatsError):
     """A reply that does not carry the cluster key's seal: treated as no reply."""
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+_HINTS = {
+    Rejection.MALFORMED: "; is it from a node of this cluster, with the same clustering.raft.password?",
+    Rejection.BAD_TAG: "; is it from a node of this cluster, with the same clustering.raft.password?",
+    Rejection.UNTIMELY: "; a node just started with a clock far from this one's: check NTP on both",
+}
+
+
+def _now_s() -> int:
+    return int(time.time())
 
 
 class SealedNats:
@@ -46,10 +53,10 @@ class SealedNats:
         return self.sealer.rejected
 
     async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
-        await self.client.publish(subject, self.sealer.seal(subject, payload, _now_ms()), reply=reply)
+        await self.client.publish(subject, self.sealer.seal(subject, payload, _now_s()), reply=reply)
 
     async def request(self, subject: str, payload: bytes, timeout: float) -> Msg:
-        reply = await self.client.request(subject, self.sealer.seal(subject, payload, _now_ms()), timeout=timeout)
+        reply = await self.client.request(subject, self.sealer.seal(subject, payload, _now_s()), timeout=timeout)
         if not self._opened(reply):
             raise UnauthenticatedReply(f"the reply to a request on {subject} was not sealed with the cluster key")
         return reply
@@ -63,14 +70,12 @@ class SealedNats:
 
     def _opened(self, msg: Msg) -> bool:
         """Replace ``msg``'s data by its payload; False (logged, counted) when it does not open."""
-        payload = self.sealer.open(msg.subject, msg.data, _now_ms())
+        payload = self.sealer.open(msg.subject, msg.data, _now_s())
         if isinstance(payload, Rejection):
             count = self.sealer.rejected[payload]
             if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th...: visible, never a flood
-                log.warning(
-                    "dropped a message on %s: %s (%d so far); is it from a node of this cluster, with the "
-                    "same clustering.raft.password?", msg.subject, payload.value, count,
-                )
+                log.warning("dropped a message on %s: %s (%d so far)%s", msg.subject, payload.value, count,
+                            _HINTS.get(payload, ""))
             return False
         msg.data = payload
         return True
