@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bascule.testing.powercut import PowerCutDisk, fuse_unavailable_reason
+from bascule.testing.local import LocalNode
+from bascule.testing.powercut import PowerCutDisk, PowerCutError, fuse_unavailable_reason
+from bascule.testing.processes import LocalProcessError
 
 
 @pytest.fixture
@@ -208,3 +214,102 @@ def test_stop_unmounts_and_leaves_the_files_in_the_backing_dir(tmp_path: Path) -
     assert str(tmp_path / "mount") not in Path("/proc/self/mounts").read_text()
     assert os.listdir(tmp_path / "mount") == []
     assert (tmp_path / ".backing" / "file").read_bytes() == b"x"
+
+
+# ---- disk faults ----
+
+
+def fails_with(error: int, action: Callable[[], object]) -> None:
+    with pytest.raises(OSError) as raised:
+        action()
+    assert raised.value.errno == error, raised.value
+
+
+def test_a_full_disk_refuses_writes_under_its_prefix_and_nothing_else(disk: PowerCutDisk, data: Path) -> None:
+    (data / "streams").mkdir()
+    write(data / "streams" / "log", b"synced;", sync=True)
+    disk.set_faults(full=True, prefix="/streams")
+    fails_with(errno.ENOSPC, lambda: write(data / "streams" / "log", b"refused;"))
+    fails_with(errno.ENOSPC, lambda: write(data / "streams" / "new", b"refused"))
+    fails_with(errno.ENOSPC, lambda: os.truncate(data / "streams" / "log", 100))
+    assert os.statvfs(data / "streams").f_bavail == 0
+    assert os.statvfs(data).f_bavail > 0
+    write(data / "streams-beside", b"outside the prefix", sync=True)
+    write(data / "journal", b"outside the prefix", sync=True)
+    # What frees space or needs none still works.
+    assert (data / "streams" / "log").read_bytes() == b"synced;"
+    os.truncate(data / "streams" / "log", 6)
+    sync_directory(data / "streams")
+    os.rename(data / "streams" / "log", data / "streams" / "log.old")
+    os.unlink(data / "streams" / "new")
+    disk.set_faults()
+    write(data / "streams" / "log.old", b"accepted", sync=True)
+    assert (data / "streams" / "log.old").read_bytes() == b"syncedaccepted"
+
+
+def test_a_failed_fsync_makes_nothing_durable(disk: PowerCutDisk, data: Path) -> None:
+    write(data / "log", b"synced;", sync=True)
+    disk.set_faults(fsync_error=True)
+    fd = os.open(data / "log", os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"lost;")
+    fails_with(errno.EIO, lambda: os.fsync(fd))
+    fails_with(errno.EIO, lambda: os.fdatasync(fd))
+    os.close(fd)
+    fails_with(errno.EIO, lambda: write(data / "new", b"created", sync=True))
+    fails_with(errno.EIO, lambda: sync_directory(data))
+    assert (data / "log").read_bytes() == b"synced;lost;"  # readers see the pages, as with a page cache
+    stats = disk.cut()
+    assert (data / "log").read_bytes() == b"synced;"
+    assert os.listdir(data) == ["log"]
+    assert stats["bytes_truncated"] == len(b"lost;") and stats["files_removed"] == 1
+
+
+def test_a_cut_switches_the_faults_off(disk: PowerCutDisk, data: Path) -> None:
+    disk.set_faults(full=True, fsync_error=True)
+    disk.cut()
+    write(data / "log", b"accepted", sync=True)
+    disk.cut()
+    assert (data / "log").read_bytes() == b"accepted"
+
+
+def test_a_slow_fsync_waits_without_holding_up_other_operations(disk: PowerCutDisk, data: Path) -> None:
+    delay = 1.0
+    (data / "streams").mkdir()
+    write(data / "streams" / "log", b"x" * 4096)
+    write(data / "journal", b"y" * 4096)
+    disk.set_faults(fsync_delay=delay, prefix="/streams")
+    fsync_took: list[float] = []
+
+    def slow_fsync() -> None:
+        started = time.monotonic()
+        write(data / "streams" / "log", b"synced", sync=True)
+        fsync_took.append(time.monotonic() - started)
+
+    syncer = threading.Thread(target=slow_fsync)
+    syncer.start()
+    time.sleep(delay / 4)  # the fsync is waiting in the filesystem now
+    started = time.monotonic()
+    assert (data / "streams" / "log").read_bytes()[:4096] == b"x" * 4096
+    write(data / "journal", b"synced", sync=True)  # outside the prefix: no wait
+    assert time.monotonic() - started < delay / 2 and syncer.is_alive()
+    syncer.join()
+    assert fsync_took[0] >= delay
+    assert disk.cut()["bytes_dropped"] == 0
+
+
+def test_garbage_commands_are_refused_and_change_nothing(disk: PowerCutDisk, data: Path) -> None:
+    disk.set_faults(full=True)
+    garbage = ["bogus", "faults", "faults {", "faults []", 'faults {"full": 1}', 'faults {"disk": true}',
+               'faults {"fsync_delay": -1}', 'faults {"fsync_delay": 1e999}', 'faults {"prefix": "streams"}',
+               'faults {"prefix": "/a/../b"}', 'faults {"prefix": "/streams/"}']
+    for line in garbage:
+        with pytest.raises(PowerCutError):
+            disk._request(line, timeout=5.0)  # set_faults cannot send these
+    fails_with(errno.ENOSPC, lambda: write(data / "log", b"refused"))
+    with pytest.raises(ValueError, match="prefix"):
+        disk.set_faults(prefix="streams")
+
+
+def test_a_node_without_a_power_cut_disk_has_no_disk_faults(tmp_path: Path) -> None:
+    with pytest.raises(LocalProcessError, match="no power-cut disk"):
+        LocalNode(tmp_path / "data").disk_faults(full=True)

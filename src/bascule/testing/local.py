@@ -14,7 +14,8 @@ node's own children (the nats-server of ``--embedded-nats``) are signalled with 
         cluster.restart(0)   # same gRPC and Raft addresses, same data dir
 
 With ``power_cuts=True`` each node's data dir is a FUSE mount (`bascule.testing.powercut`), and
-``power_cut(i)`` SIGKILLs node i and drops every write it had not fsynced, as a power cut would.
+``power_cut(i)`` SIGKILLs node i and drops every write it had not fsynced, as a power cut would;
+``disk_faults(i, full=True, prefix="/streams")`` fills its disk (or fails or slows its fsyncs) while it runs.
 
 As a pytest fixture, yield inside the ``with`` so that cleanup (and the removal of the temporary
 directory) happens however the test ends:
@@ -317,6 +318,15 @@ class LocalNode(LocalProcess):
         self.kill()
         return self.disk.cut()
 
+    def disk_faults(self, *, full: bool = False, fsync_error: bool = False, fsync_delay: float = 0.0,
+                    prefix: str = "/") -> None:
+        """Switch disk faults of the power-cut disk on (and off those not given), for the files under
+        `prefix` in the data dir ("/streams": the partition logs, not the Raft journal), while the node
+        runs (`PowerCutDisk.set_faults`); ``disk_faults()`` clears them, and so does `power_cut`."""
+        if self.disk is None:
+            raise LocalProcessError(f"{self._describe()} has no power-cut disk: create it with power_cuts=True")
+        self.disk.set_faults(full=full, fsync_error=fsync_error, fsync_delay=fsync_delay, prefix=prefix)
+
     def unmount(self) -> None:
         """Unmount the power-cut disk, if any (the files stay in its backing dir; `start` mounts it again)."""
         if self.disk is not None:
@@ -566,6 +576,12 @@ class LocalCluster:
         """SIGKILL node `index`, then drop every write to its data dir that it had not fsynced (the
         cluster needs ``power_cuts=True``); the node stays stopped until `restart`. The cut's counts."""
         return self.nodes[index].power_cut()
+
+    def disk_faults(self, index: int, *, full: bool = False, fsync_error: bool = False, fsync_delay: float = 0.0,
+                    prefix: str = "/") -> None:
+        """Switch disk faults on node `index`'s data dir (`LocalNode.disk_faults`; the cluster needs
+        ``power_cuts=True``); ``disk_faults(index)`` clears them."""
+        self.nodes[index].disk_faults(full=full, fsync_error=fsync_error, fsync_delay=fsync_delay, prefix=prefix)
 
     def pause(self, index: int) -> None:
         """SIGSTOP node `index`."""

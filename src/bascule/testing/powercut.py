@@ -35,17 +35,42 @@ data between two fsyncs of different files (both are simply lost), the loss of r
 (see above), ext4's flush of a file's data when it is renamed over another (``auto_da_alloc``), and
 durability of the backing files themselves: fsync is not passed on, since the test machine keeps power.
 
-The test process talks to the FUSE process over a pipe: one command a line on its stdin (``cut``,
-``stop``), one JSON reply a line on its stdout. End of input (the test process died) unmounts too, and
-libfuse's ``auto_unmount`` unmounts if the FUSE process itself is killed.
+Disk faults, switched on and off while processes use the mount (``set_faults``, `DiskFaults`), each
+limited to the files under a path prefix (``/streams``: a node's partition logs fail while its Raft
+journal beside them does not, as with a separate log directory), by default the whole mount. A fault
+applies to a file by its current path, or the path it was opened at once it is unlinked.
+
+- full: write and a truncate that extends a file fail with ENOSPC, so do the kernel's writebacks of
+  mmap'd pages (their error comes back once, at the next msync or fsync); statfs reports no free blocks.
+  Reads, shrinking truncates, fsync, creates, renames and unlinks still work. Harsher than ext4 in two
+  ways: it would take overwrites of allocated blocks, and an extending truncate (a hole). fallocate is
+  not implemented, on any disk here (glibc's posix_fallocate then writes zeros, which fail).
+- fsync_error: fsync, fdatasync and directory fsyncs fail with EIO and make nothing durable: the undo
+  logs and the new files stay, and a later cut drops them. Linux would also have marked the failed
+  pages clean, so that a retried fsync which succeeds does not write them, and they are lost at a power
+  cut (or read back old once evicted). Not modelled: here a successful fsync after the fault is switched
+  off makes everything durable, so the model does not catch a program that retries a failed fsync.
+- fsync_delay: each fsync (and directory fsync) waits that many seconds before its work, while other
+  operations go on (libfuse's multi-threaded loop). An fsync still waiting when a cut comes fails.
+
+The test process talks to the FUSE process over a pipe: one command a line on its stdin, one JSON
+reply a line on its stdout. ``cut`` answers with its counts and switches every fault off (the machine
+boots again, on a disk that works); ``faults {"full": true, "fsync_error": false, "fsync_delay": 0.0,
+"prefix": "/streams"}`` replaces the faults (keys left out are off) and answers ``{"ok": true}``;
+``stop`` unmounts. Anything else, or a ``faults`` whose JSON is wrong, answers ``{"error": ...}`` and
+changes nothing. End of input (the test process died) unmounts too, and libfuse's ``auto_unmount``
+unmounts if the FUSE process itself is killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import functools
 import json
 import os
+import posixpath
 import select
 import shutil
 import signal
@@ -53,15 +78,18 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["PowerCutDisk", "PowerCutError", "fuse_unavailable_reason"]
+__all__ = ["DiskFaults", "PowerCutDisk", "PowerCutError", "fuse_unavailable_reason"]
 
 FUSERMOUNT = "fusermount3"
 # libfuse 3 speaks to the kernel in requests of up to 256 pages; asking for that gives 1 MiB writes.
 MAX_WRITE = 1024 * 1024
+MAX_FSYNC_DELAY = 3600.0
 _STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_blksize", "st_rdev")
 _STATVFS_FIELDS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
                    "f_flag", "f_namemax")
@@ -69,6 +97,45 @@ _STATVFS_FIELDS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_
 
 class PowerCutError(RuntimeError):
     """The power-cut filesystem did not mount, did not answer, or answered with an error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskFaults:
+    """The faults a power-cut disk has switched on, each limited to the files under `prefix`."""
+
+    full: bool = False  # writes and extending truncates fail with ENOSPC
+    fsync_error: bool = False  # fsync, fdatasync and directory fsyncs fail with EIO, and make nothing durable
+    fsync_delay: float = 0.0  # seconds each fsync waits before doing its work
+    prefix: str = "/"  # a path inside the mount, like "/streams"
+
+    def __post_init__(self) -> None:
+        for name in ("full", "fsync_error"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false")
+        delay = self.fsync_delay
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= MAX_FSYNC_DELAY:
+            raise ValueError(f"fsync_delay must be a number of seconds from 0 to {MAX_FSYNC_DELAY:g}")
+        prefix = self.prefix
+        normalised = isinstance(prefix, str) and prefix.startswith("/") and posixpath.normpath(prefix) == prefix
+        if not normalised or prefix.startswith("//"):
+            raise ValueError(f"prefix must be a normalised absolute path inside the mount, like /streams: {prefix!r}")
+
+    @classmethod
+    def from_json(cls, text: str) -> DiskFaults:
+        """The argument of a ``faults`` command; ValueError says what is wrong with it."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"faults takes a JSON object: {exc}") from None
+        if not isinstance(fields, dict):
+            raise ValueError("faults takes a JSON object")
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown faults {unknown}")
+        return cls(**fields)
+
+    def covers(self, path: str) -> bool:
+        return self.prefix == "/" or path == self.prefix or path.startswith(self.prefix + "/")
 
 
 # ---- the FUSE process ----------------------------------------------------------------------------
@@ -161,6 +228,9 @@ class PowerCutFilesystem:
         self._inodes: dict[int, int] = {}  # open file handle -> inode
         self._logs: dict[int, UndoLog] = {}  # inode -> undo log
         self._new: dict[int, str] = {}  # inode -> path of a file whose creation is not durable yet
+        self._paths: dict[int, str] = {}  # open file handle -> its path when opened
+        self._cuts = 0
+        self.faults = DiskFaults()
 
     def _full(self, path: str) -> str:
         return self.backing + path
@@ -184,8 +254,10 @@ class PowerCutFilesystem:
             log = self._logs[inode] = UndoLog(fd)
         return log
 
-    def _truncate_fd(self, fd: int, length: int) -> None:
+    def _truncate_fd(self, fd: int, length: int, path: str) -> None:
         with self._lock:
+            if length > os.fstat(fd).st_size:
+                self._refuse_if_full(path)
             self._log_for(fd).save(length, 2**63)
             os.ftruncate(fd, length)
 
@@ -207,8 +279,35 @@ class PowerCutFilesystem:
         if st.st_nlink <= 1:
             self._forget(st.st_ino)
 
+    def _forget_new_in(self, directory: str) -> None:
+        for inode, new_path in list(self._new.items()):
+            if os.path.dirname(new_path) == directory:
+                del self._new[inode]
+
+    # -- the faults --
+    def _path_of(self, path: str | None, fh: int) -> str:
+        # FUSE gives the current path, except for a file unlinked while open: then the one it was opened at.
+        return path if path is not None else self._paths[fh]
+
+    def _refuse_if_full(self, path: str) -> None:
+        faults = self.faults
+        if faults.full and faults.covers(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    def _sync(self, path: str, make_durable: Callable[[], None]) -> None:
+        """Call make_durable() under the lock, after the faults on `path` (delay, then error) had their turn."""
+        faults, cuts = self.faults, self._cuts
+        if faults.covers(path):
+            time.sleep(faults.fsync_delay)  # outside the lock: other operations go on meanwhile
+            if faults.fsync_error:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        with self._lock:
+            if self._cuts != cuts:  # the power went while this fsync waited: it never finished
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+            make_durable()
+
     def cut(self) -> dict[str, int]:
-        """Drop whatever was not made durable; how much."""
+        """Drop whatever was not made durable, switch the faults off; how much was dropped."""
         stats = dict.fromkeys(("files_removed", "files_rolled_back", "bytes_restored", "bytes_truncated",
                                "bytes_dropped"), 0)
         with self._lock:
@@ -229,6 +328,8 @@ class PowerCutFilesystem:
                 stats["bytes_dropped"] += restored + truncated
             self._logs.clear()
             self._new.clear()
+            self._cuts += 1
+            self.faults = DiskFaults()  # the machine boots again, on a disk that works
         return stats
 
     # -- files --
@@ -241,8 +342,9 @@ class PowerCutFilesystem:
     def open(self, path: str, flags: int) -> int:
         fd = os.open(self._full(path), _backing_flags(flags))
         self._inodes[fd] = os.fstat(fd).st_ino
+        self._paths[fd] = path
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
-            self._truncate_fd(fd, 0)
+            self._truncate_fd(fd, 0, path)
         return fd
 
     def create(self, path: str, mode: int, flags: int) -> int:
@@ -254,6 +356,7 @@ class PowerCutFilesystem:
                 raise
             return self.open(path, flags)
         inode = self._inodes[fd] = os.fstat(fd).st_ino
+        self._paths[fd] = path
         with self._lock:
             self._new[inode] = path
         return fd
@@ -262,38 +365,37 @@ class PowerCutFilesystem:
         return os.pread(fh, size, offset)
 
     def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+        self._refuse_if_full(self._path_of(path, fh))
         with self._lock:
             self._log_for(fh).save(offset, offset + len(data))
             return os.pwrite(fh, data, offset)
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> None:
         if fh is not None:
-            self._truncate_fd(fh, length)
+            self._truncate_fd(fh, length, self._path_of(path, fh))
             return
         assert path is not None  # FUSE leaves the path out only when it gives a handle
         fd = os.open(self._full(path), os.O_RDWR)
         try:
-            self._truncate_fd(fd, length)
+            self._truncate_fd(fd, length, path)
         finally:
             os.close(fd)
 
     def fsync(self, path: str | None, datasync: int, fh: int) -> None:
-        with self._lock:
-            self._forget(self._inodes[fh])
+        inode = self._inodes[fh]  # now: a caller killed during a slow fsync has its handle released meanwhile
+        self._sync(self._path_of(path, fh), lambda: self._forget(inode))
 
     def flush(self, path: str | None, fh: int) -> None:
         """close() makes nothing durable."""
 
     def release(self, path: str | None, fh: int) -> None:
         self._inodes.pop(fh, None)
+        self._paths.pop(fh, None)
         os.close(fh)
 
     # -- the namespace --
     def fsyncdir(self, path: str, datasync: int, fh: int) -> None:
-        with self._lock:
-            for inode, new_path in list(self._new.items()):
-                if os.path.dirname(new_path) == path:
-                    del self._new[inode]
+        self._sync(path, lambda: self._forget_new_in(path))
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         # With use_ino, an entry must carry its inode: readers skip those numbered 0.
@@ -346,7 +448,11 @@ class PowerCutFilesystem:
 
     def statfs(self, path: str) -> dict[str, int]:
         st = os.statvfs(self._full(path))
-        return {name: getattr(st, name) for name in _STATVFS_FIELDS}
+        attrs = {name: getattr(st, name) for name in _STATVFS_FIELDS}
+        faults = self.faults
+        if faults.full and faults.covers(path):
+            attrs.update(f_bfree=0, f_bavail=0)
+        return attrs
 
 
 def _unmount(mountpoint: str) -> None:
@@ -362,15 +468,25 @@ def _serve_commands(filesystem: PowerCutFilesystem, mountpoint: str, reply: Any)
             command = line.strip()
             if command == "stop":
                 break
-            if command == "cut":
-                try:
-                    reply(filesystem.cut())
-                except OSError as exc:
-                    reply({"error": f"cut failed: {exc}"})
-            else:
-                reply({"error": f"unknown command {command!r}"})
+            reply(_answer(filesystem, command))
     finally:
         _unmount(mountpoint)
+
+
+def _answer(filesystem: PowerCutFilesystem, command: str) -> dict[str, Any]:
+    name, _, argument = command.partition(" ")
+    if command == "cut":
+        try:
+            return filesystem.cut()
+        except OSError as exc:
+            return {"error": f"cut failed: {exc}"}
+    if name == "faults":
+        try:
+            filesystem.faults = DiskFaults.from_json(argument)
+        except ValueError as exc:
+            return {"error": str(exc)}
+        return {"ok": True}
+    return {"error": f"unknown command {command!r}"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -390,7 +506,10 @@ def main(argv: list[str] | None = None) -> None:
     mountpoint = str(args.mountpoint.resolve())
     filesystem = PowerCutFilesystem(args.backing.resolve(), on_ready=lambda: reply({"ready": True}))
     threading.Thread(target=_serve_commands, args=(filesystem, mountpoint, reply), daemon=True).start()
-    mfusepy.FUSE(filesystem, mountpoint, foreground=True, auto_unmount=True, fsname="bascule-powercut")
+    # Multi-threaded (mfusepy's default, said here because a slow fsync must not stall reads and writes
+    # of other threads): libfuse's fuse_loop_mt, each operation in Python holding the GIL but for its I/O.
+    mfusepy.FUSE(filesystem, mountpoint, foreground=True, nothreads=False, auto_unmount=True,
+                 fsname="bascule-powercut")
 
 
 # ---- the test process's side ---------------------------------------------------------------------
@@ -419,7 +538,8 @@ class PowerCutDisk:
             ...               # a process writes under tmp/data, and is SIGKILLed
             disk.cut()        # {"bytes_dropped": ..., "files_removed": ..., ...}
 
-    `stop` unmounts (the files stay in `backing`); it can be started again.
+    `set_faults` switches disk faults on while processes run on it (`DiskFaults`); a cut switches
+    them off. `stop` unmounts (the files stay in `backing`); it can be started again.
     """
 
     def __init__(self, backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
@@ -453,18 +573,30 @@ class PowerCutDisk:
             raise
 
     def cut(self, timeout: float = 30.0) -> dict[str, int]:
-        """Drop every write not fsynced, and every file created and never synced; the counts.
+        """Drop every write not fsynced, and every file created and never synced, and switch the faults
+        off; the counts.
 
         Call it when the processes that wrote are gone (SIGKILLed and reaped)."""
+        return self._request("cut", timeout)
+
+    def set_faults(self, *, full: bool = False, fsync_error: bool = False, fsync_delay: float = 0.0,
+                   prefix: str = "/") -> None:
+        """Switch on these faults (and off those not given) for the files under `prefix`, a path inside
+        the mount ("/streams"), from now until the next `set_faults` or `cut`; ``set_faults()`` clears
+        them. See `DiskFaults` and the module docstring."""
+        faults = DiskFaults(full, fsync_error, fsync_delay, prefix)
+        self._request(f"faults {json.dumps(dataclasses.asdict(faults))}", timeout=10.0)
+
+    def _request(self, command: str, timeout: float) -> dict[str, Any]:
         if not self.running:
             raise PowerCutError(f"the power-cut filesystem at {self.mountpoint} is not running")
         assert self._process is not None and self._process.stdin is not None
-        self._process.stdin.write(b"cut\n")
+        self._process.stdin.write(command.encode() + b"\n")
         self._process.stdin.flush()
-        stats = self._reply(timeout)
-        if "error" in stats:
-            raise PowerCutError(stats["error"])
-        return stats
+        answer = self._reply(timeout)
+        if "error" in answer:
+            raise PowerCutError(answer["error"])
+        return answer
 
     def stop(self, timeout: float = 10.0) -> None:
         """Unmount and end the FUSE process (killed after `timeout`); never leaves a mount behind."""
