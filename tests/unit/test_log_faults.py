@@ -136,6 +136,36 @@ def test_a_sync_that_succeeds_after_another_failed_proves_nothing(tmp_path, monk
     log.close()
 
 
+def test_synced_end_is_what_the_last_good_sync_covered(tmp_path, monkeypatch):
+    log = CommitLog.open(tmp_path, CONFIG)
+    log.append(records(3, "a"), 1)
+    assert log.synced_end == 0
+    log.sync()
+    log.append(records(2, "b"), 1)
+    assert log.synced_end == 3
+    fail_fsyncs(monkeypatch, ".log")
+    with pytest.raises(LogFailed):
+        log.sync()
+    assert log.synced_end == 3  # what a recovering replica may keep of this log
+    log.close()
+    assert CommitLog.open(tmp_path, CONFIG).synced_end == 5  # what open finds counts as synced
+
+
+def test_a_sync_begun_before_a_truncation_vouches_for_nothing_after_it(tmp_path):
+    log = CommitLog.open(tmp_path, CONFIG)
+    log.append(records(3, "a"), 1)
+    log.sync()
+    log.append(records(3, "b"), 1)
+    run = log.begin_sync()
+    log.truncate(4)
+    log.append(records(1, "c"), 1)
+    run()
+    assert log.synced_end == 3
+    log.sync()
+    assert log.synced_end == 5
+    log.close()
+
+
 def test_a_failed_log_closes_its_files_and_keeps_its_last_checkpoint(tmp_path, monkeypatch):
     log = CommitLog.open(tmp_path, CONFIG)
     log.append(records(3, "a"), 1)

@@ -298,6 +298,7 @@ def test_an_unclean_member_extending_a_clean_ones_epoch_may_lead():
     candidates = [Candidate("a", 5, 100), Candidate("b", 5, 90)]
     assert choose_leader(candidates, {"a", "b"}, unclean={"a"}) == "a"
     assert choose_leader([Candidate("a", 5, 80), Candidate("b", 5, 90)], {"a", "b"}, unclean={"a"}) == "b"
+    assert choose_leader([Candidate("a", 5, 90), Candidate("b", 5, 90)], {"a", "b"}, unclean={"a"}) == "b"
 
 
 def test_with_only_unclean_candidates_the_election_waits_for_every_isr_member():

@@ -340,3 +340,16 @@ def test_unclean_members_survive_a_snapshot():
 def test_register_broker_refuses_a_non_boolean_unclean():
     with pytest.raises(CommandError, match="unclean"):
         encode_command("register_broker", id="b", host="h", port=1, raft="h:1", unclean="yes")
+
+
+def test_a_replica_whose_log_failed_marks_itself_unclean_while_in_the_isr():
+    state = stream_state()
+    before = state.partition("s", 0).epoch
+    assert apply(state, "mark_unclean", name="s", partition=0, replica="b") is None
+    assert (state.partition("s", 0).unclean, state.partition("s", 0).epoch) == (("b",), before + 1)
+    assert apply(state, "mark_unclean", name="s", partition=0, replica="b") is None  # already: no change
+    assert state.partition("s", 0).epoch == before + 1
+    apply(state, "change_isr", name="s", partition=0, replica="c", add=False, leader="a", leader_epoch=0)
+    assert apply(state, "mark_unclean", name="s", partition=0, replica="c") is None  # not in the ISR
+    assert state.partition("s", 0).unclean == ("b",)
+    assert apply(state, "mark_unclean", name="s", partition=9, replica="c")[0] == NOT_FOUND

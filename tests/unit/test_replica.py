@@ -250,10 +250,11 @@ async def test_a_full_disk_fails_one_append_and_the_replica_goes_on(tmp_path, mo
         replica.submit([Record(b"a")], lambda offset, error: outcomes.append((offset, error)))
         await until(lambda: outcomes)
         assert outcomes[0][0] is None and outcomes[0][1].errno == errno.ENOSPC
+        assert replica.writes_failing  # the node hands the leadership to another ISR member
         replica.submit([Record(b"b")], lambda offset, error: outcomes.append((offset, error)))
         await until(lambda: len(outcomes) == 2)
         assert outcomes[1] == (0, None)
-        assert replica.failed is None
+        assert replica.failed is None and not replica.writes_failing
         assert [entry.value for entry in replica.read_committed(0, 10)] == [b"b"]
     finally:
         replica.close()

@@ -42,15 +42,15 @@ def choose_leader(
 ) -> str | None:
     """The ISR candidate with the greatest (last epoch, log end offset) pair (Oxia's rule: the
     fewest uncommitted entries are thrown away), among those known to hold every committed entry;
-    ties go to the fewest leaderships, then the smallest id. ``candidates`` must be live
-    replicas; ``exclude`` is typically the failed leader.
+    ties go to clean members, then to the fewest leaderships, then to the smallest id.
+    ``candidates`` must be live replicas; ``exclude`` is typically the failed leader.
 
-    ``unclean`` ISR members restarted after an unclean shutdown and have not caught up since: their
-    logs may have lost acknowledged entries (KIP-966). One of them is chosen only beside a clean
-    candidate whose last epoch it shares and whose log it extends (both logs are then prefixes of
-    that epoch's leader's log, so it holds whatever the clean one holds), or when every ISR member
-    is a candidate and all are unclean (the most complete log there is). Otherwise None: wait for
-    a clean member or for all of them. There is no unclean election."""
+    ``unclean`` ISR members restarted after an unclean shutdown (or their fsync failed) and have
+    not caught up since: their logs may have lost acknowledged entries (KIP-966). One of them is
+    chosen only beside a clean candidate whose last epoch it shares and whose log it extends (both
+    logs are then prefixes of that epoch's leader's log, so it holds whatever the clean one holds),
+    or when every ISR member is a candidate and all are unclean (the most complete log there is).
+    Otherwise None: wait for a clean member or for all of them. There is no unclean election."""
     eligible = [c for c in candidates if c.replica_id in isr and c.replica_id not in exclude]
     clean = [c for c in eligible if c.replica_id not in unclean]
     if clean:
@@ -62,7 +62,7 @@ def choose_leader(
         return None
     best = min(
         eligible,
-        key=lambda c: (-c.last_epoch, -c.log_end_offset, c.leader_count, c.replica_id),
+        key=lambda c: (-c.last_epoch, -c.log_end_offset, c.replica_id in unclean, c.leader_count, c.replica_id),
     )
     return best.replica_id
 

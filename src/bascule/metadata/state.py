@@ -191,7 +191,7 @@ class MetadataState:
             return state, None
         for stream in self.streams.values():
             changed = [
-                replace(p, unclean=tuple(r for r in p.isr if r in p.unclean or r == broker.id), epoch=p.epoch + 1)
+                _marked_unclean(p, broker.id)
                 for p in stream.partitions.values() if broker.id in p.isr and broker.id not in p.unclean
             ]
             state = state._with_partitions(stream.name, changed)
@@ -286,6 +286,16 @@ class MetadataState:
             unclean=tuple(r for r in p.unclean if r != c["replica"]),
         )
         return self._with_partitions(c["name"], [changed]), None
+
+    def _mark_unclean(self, c: dict[str, Any]) -> Change:
+        """A replica's own report that its log may have lost entries (its fsync failed): as an
+        unclean restart does, it makes an ISR member unelectable until it has caught up."""
+        p = self.partition(c["name"], c["partition"])
+        if p is None:
+            return self, (NOT_FOUND, "no such partition")
+        if c["replica"] not in p.isr or c["replica"] in p.unclean:
+            return self, None
+        return self._with_partitions(c["name"], [_marked_unclean(p, c["replica"])]), None
 
     def _join_consumer_group(self, c: dict[str, Any]) -> Change:
         """Liftbridge: a join creates the group when it does not exist (with the coordinator the
@@ -402,6 +412,12 @@ class MetadataState:
 _ACTIVITY_OPS = frozenset({
     "create_stream", "delete_stream", "pause", "resume", "set_readonly", "join_consumer_group", "leave_consumer_group",
 })
+
+
+def _marked_unclean(partition: Partition, replica: str) -> Partition:
+    # A new partition epoch: ISR changes decided on the view before the mark are refused.
+    unclean = tuple(r for r in partition.isr if r in partition.unclean or r == replica)
+    return replace(partition, unclean=unclean, epoch=partition.epoch + 1)
 
 
 def _stream_fields(stream: Stream) -> dict[str, Any]:

@@ -73,22 +73,32 @@ async def hand_off_leaderships(
     reports = await gather(max(0.1, min(1.0, deadline - loop.time())), others)
     moved = 0
     for partition in led:
-        chosen = successor(partition, server_id, reports)
         remaining = deadline - loop.time()
-        if chosen is None or remaining <= 0:
-            continue
-        change: dict[str, Any] = {
-            "name": partition.stream, "partition": partition.id, "leader": chosen,
-            "leader_epoch": partition.leader_epoch, "epoch": partition.epoch,
-            "isr": sorted(isr_after_leader_change(partition.isr, server_id, chosen)),
-        }
-        try:
-            await asyncio.wait_for(call("change_leader", **change), remaining)
+        if remaining > 0 and await move_leadership(partition, server_id, reports, call, remaining):
             moved += 1
-        except (MetadataError, NoMetadataLeader, TimeoutError) as exc:
-            log.warning("%s/%s stays led here until this node stops: %r", partition.stream, partition.id, exc)
     log.info("handed %d of %d partitions to other ISR members before stopping", moved, len(led))
     return moved
+
+
+async def move_leadership(
+    partition: Partition, server_id: str, reports: ReplicaReports, call: Call, timeout: float,
+) -> str | None:
+    """Make the successor of this node (by ``reports``) lead ``partition``, this node leaving
+    the ISR with the change; the successor, or None when there is none or the change failed."""
+    chosen = successor(partition, server_id, reports)
+    if chosen is None:
+        return None
+    change: dict[str, Any] = {
+        "name": partition.stream, "partition": partition.id, "leader": chosen,
+        "leader_epoch": partition.leader_epoch, "epoch": partition.epoch,
+        "isr": sorted(isr_after_leader_change(partition.isr, server_id, chosen)),
+    }
+    try:
+        await asyncio.wait_for(call("change_leader", **change), timeout)
+    except (MetadataError, NoMetadataLeader, TimeoutError) as exc:
+        log.warning("%s/%s stays led here: %r", partition.stream, partition.id, exc)
+        return None
+    return chosen
 
 
 async def _leave_isrs(server_id: str, followed: list[Partition], call: Call, deadline: float) -> None:

@@ -14,6 +14,7 @@ from bascule.config import Config
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService
 from bascule.node.groups import GroupCoordinator
+from bascule.node.handoff import GatherReports, move_leadership
 from bascule.node.partitions import LocalPartition, Partitions
 from bascule.node.tasks import Tasks
 from bascule.partition.replica import PartitionReplica
@@ -32,9 +33,12 @@ MAX_GROUP_LIVENESS_INTERVAL = 1.0
 class Maintenance:
     def __init__(
         self, config: Config, server_id: str, raft: MetadataRaft, metadata: MetadataService,
-        partitions: Partitions, tasks: Tasks, groups: GroupCoordinator,
+        partitions: Partitions, tasks: Tasks, groups: GroupCoordinator, gather_reports: GatherReports,
     ) -> None:
         self.config = config
+        self.gather_reports = gather_reports
+        self._disk_jobs: set[tuple[str, int]] = set()  # partitions a failing-disk job is under way for
+        self._handed_off_at: dict[tuple[str, int], float] = {}
         self.groups = groups
         self.server_id = server_id
         self.raft = raft
@@ -48,6 +52,7 @@ class Maintenance:
             (CHECKPOINT_INTERVAL, self._checkpoint_partitions),
             (min(CLEANER_TICK, self.config.streams.cleaner_interval), self._clean),
             (self._isr_check_interval(), self._maintain_isrs),
+            (self._isr_check_interval(), self._tend_failing_logs),
             (AUTO_PAUSE_CHECK_INTERVAL, self._auto_pause),
             # a member expires within a tenth of the timeout of its due time (a second at most)
             (min(MAX_GROUP_LIVENESS_INTERVAL, self.config.groups.consumer_timeout / 10), self.groups.expire_idle),
@@ -129,6 +134,47 @@ class Maintenance:
             log.warning("ISR change of %s/%s: outcome unknown: %s", replica.stream, replica.partition, exc)
         finally:
             replica.isr_request_done(request, outcome)
+
+    async def _tend_failing_logs(self) -> None:
+        """Kafka's log-dir failure handling, per partition: a leader whose writes fail on the disk
+        (a full disk) hands leadership to another ISR member, at most once per leader timeout; a
+        log that failed for good (an fsync error) is reopened (``Partitions.recover``); a replica
+        that could not be opened is tried again."""
+        now = time.monotonic()
+        timeout = self.config.clustering.replica_max_leader_timeout
+        for key, local in self.partitions.items():
+            replica = local.replica
+            if replica.closed or key in self._disk_jobs:
+                continue
+            if replica.failed is not None:
+                self._disk_job(key, self.partitions.recover(*key), "reopen a failed log")
+            elif replica.writes_failing and replica.is_leader and now > self._handed_off_at.get(key, 0) + timeout:
+                self._handed_off_at[key] = now
+                self._disk_job(key, self._hand_off(*key), "hand off a partition whose writes fail")
+        if self.partitions.unopened():
+            self.partitions.schedule_reconcile()
+
+    def _disk_job(self, key: tuple[str, int], work: Awaitable[None], name: str) -> None:
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                self._disk_jobs.discard(key)
+
+        self._disk_jobs.add(key)
+        if self.tasks.spawn(run(), f"{name} {key}") is None:
+            self._disk_jobs.discard(key)
+
+    async def _hand_off(self, stream: str, partition: int) -> None:
+        current = self.raft.state.partition(stream, partition)
+        if current is None or current.leader != self.server_id:
+            return
+        timeout = self.config.clustering.replica_max_leader_timeout
+        others = set(current.isr) - {self.server_id}
+        reports = await self.gather_reports(min(1.0, timeout), others) if others else {}
+        chosen = await move_leadership(current, self.server_id, reports, self.metadata.call, timeout)
+        if chosen is not None:
+            log.warning("%s/%s: writes fail on this node's disk, %s leads now", stream, partition, chosen)
 
     async def _auto_pause(self) -> None:
         """Pause led partitions that received nothing for their auto-pause time (Liftbridge's

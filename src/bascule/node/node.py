@@ -252,6 +252,7 @@ class Node:
             await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
         Maintenance(
             self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks, self._groups,
+            self._admin.gather_replica_reports,
         ).start()
         if self.config.activity.enabled:
             activity = ActivityPublisher(

@@ -9,6 +9,7 @@ rebuilds exactly the same set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -29,7 +30,7 @@ from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
-from bascule.partition.log import CommitLog, LogConfig
+from bascule.partition.log import CommitLog, LogConfig, checkpoint
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.concurrency import concurrency_control
 from bascule.wire import envelope
@@ -84,13 +85,19 @@ class Partitions:
         self._withdrawn = False
         self.closed_sound = True  # every log closed so far was sound: synced, not failed
         self._returning: set[tuple[str, int, int]] = set()  # (stream, partition, leader epoch) being handed back
+        # Leader epochs a replica of this run lost entries under (its fsync failed): handed back, never resumed.
+        self._not_resumed: set[tuple[str, int, int]] = set()
+        self._recovering: dict[tuple[str, int], int] = {}  # reopened replicas' synced ends, to cut back to
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
 
     async def close(self) -> None:
         for key in list(self._local):
+            replica = self._local[key].replica
             await self._close(key, delete=False)
+            if replica.failed is not None:
+                self.closed_sound = False
 
     async def withdraw(self) -> None:
         """Stop every partition here for good (a node that handed its leaderships off and is about
@@ -202,7 +209,7 @@ class Partitions:
         local = self._local.get(key)
         if local is None:
             local = self._local[key] = await self._open(stream, partition)
-        role = replica_role(partition.leader, partition.leader_incarnation, self.server_id, self.incarnation)
+        role = self._role(partition)
         if role is Role.FOLLOW:
             await self._follow(local, partition)
         elif role is Role.LEAD:
@@ -288,11 +295,13 @@ class Partitions:
     def _still_returning(self, key: tuple[str, int, int]) -> bool:
         stream, partition, leader_epoch = key
         current = self.raft.state.partition(stream, partition)
-        return (
-            current is not None and current.leader_epoch == leader_epoch
-            and replica_role(current.leader, current.leader_incarnation, self.server_id, self.incarnation)
-            is Role.HAND_BACK
-        )
+        return current is not None and current.leader_epoch == leader_epoch and self._role(current) is Role.HAND_BACK
+
+    def _role(self, partition: Partition) -> Role:
+        role = replica_role(partition.leader, partition.leader_incarnation, self.server_id, self.incarnation)
+        if role is Role.LEAD and (partition.stream, partition.id, partition.leader_epoch) in self._not_resumed:
+            return Role.HAND_BACK
+        return role
 
     async def _report_leader(self, replica: PartitionReplica, leader: str, leader_epoch: int) -> None:
         if not self.registered():
@@ -311,6 +320,33 @@ class Partitions:
         except (MetadataError, NoMetadataLeader) as exc:
             log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)
 
+    # ---- failed logs ---------------------------------------------------------------------------
+
+    async def recover(self, stream: str, partition: int) -> None:
+        """Reopen a replica whose log failed (an fsync error), cut back to what its last good fsync
+        covered, so that it fetches the rest again, as Kafka brings a failed log dir back. Pages a
+        failed fsync could not write may still be readable and never reach the disk, so until it
+        catches up the metadata counts it unclean; a leadership it had is handed back, never
+        resumed. Raises MetadataError or NoMetadataLeader when the mark cannot be made yet."""
+        key = (stream, partition)
+        current = self.raft.state.partition(stream, partition)
+        local = self._local.get(key)
+        if current is None or local is None or local.replica.failed is None:
+            return
+        if self.server_id in current.isr and self.server_id not in current.unclean:
+            await self.metadata.call("mark_unclean", name=stream, partition=partition, replica=self.server_id)
+        async with self._reconcile_lock:
+            local = self._local.get(key)
+            if local is None or local.replica.failed is None:
+                return
+            log.warning("%s/%s: reopening its failed log", stream, partition)
+            current = self.raft.state.partition(stream, partition)
+            if current is not None and current.leader == self.server_id:
+                self._not_resumed.add((stream, partition, current.leader_epoch))
+            self._recovering[key] = local.replica.log.synced_end
+            await self._close(key, delete=False)
+        self.schedule_reconcile()
+
     # ---- opening and closing -----------------------------------------------------------------
 
     async def _open(self, stream: Stream, partition: Partition) -> LocalPartition:
@@ -318,6 +354,15 @@ class Partitions:
         commit_log = await asyncio.to_thread(
             CommitLog.open, self._directory(stream, partition.id), self._log_config(stream.settings)
         )
+        synced_end = self._recovering.get((stream.name, partition.id))
+        if synced_end is not None:
+            try:
+                await asyncio.to_thread(_cut_back, commit_log, synced_end)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(commit_log.close)
+                raise
+            del self._recovering[(stream.name, partition.id)]
         values = None
         if stream_encrypted(stream.name, stream.settings):
             values = self.master_key.values()
@@ -345,8 +390,6 @@ class Partitions:
         await self.switch_capture(local, False)
         local.replica.stop()
         await asyncio.to_thread(local.replica.close)  # it syncs the log
-        if local.replica.failed is not None and not delete:
-            self.closed_sound = False
         if delete:
             await asyncio.to_thread(_remove_partition_directory, local.replica.log.directory)
 
@@ -383,6 +426,17 @@ class Partitions:
 
 async def _no_capture(local: LocalPartition, capturing: bool) -> None:
     pass
+
+
+def _cut_back(commit_log: CommitLog, synced_end: int) -> None:
+    """A reopened log without what its last good fsync did not cover; raises while the disk
+    still fails a durable write (the HW checkpoint is one, even when nothing was cut)."""
+    if commit_log.next_offset > synced_end:
+        log.warning("%s: cutting the log back to %d, the end its last good fsync covered", commit_log.directory,
+                    synced_end)
+        commit_log.truncate(synced_end)
+        commit_log.sync()
+    checkpoint.write_high_watermark(commit_log.directory, commit_log.high_watermark)
 
 
 def _remove_partition_directory(directory: Path) -> None:

@@ -136,6 +136,7 @@ class PartitionReplica:
         self._files_closed = False
         self._failure: BaseException | None = None  # a sync that failed other than by LogFailed
         self._failure_reported = False
+        self.writes_failing = False  # the last append as leader failed on the disk (a full disk, say)
         # Looked up once: asyncio.get_running_loop() costs about half a microsecond, per message here.
         self._loop = asyncio.get_running_loop()
 
@@ -323,9 +324,11 @@ class PartitionReplica:
         except Exception as exc:
             # The log is as it was (a full disk, say): these writes failed, later ones may not.
             log.exception("append to %s/%s failed", self.stream, self.partition)
+            self.writes_failing = isinstance(exc, OSError)
             for _, on_written in outcomes:
                 on_written(None, exc)
             return
+        self.writes_failing = False
         self.last_activity = self.clock()
         self.received.happened()
         written = [(first + index, on_written) for index, on_written in outcomes]

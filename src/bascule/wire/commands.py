@@ -129,6 +129,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "change_isr": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER, "add": _boolean,
                    "leader": _BROKER, "leader_epoch": _EPOCH},
     "activity_published": {"id": _integer(0, _MAX_INT64)},
+    "mark_unclean": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER},
     # The coordinator is the metadata leader's choice, used when the join creates the group.
     "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams, "coordinator": _BROKER},
     "leave_consumer_group": {**_GROUP_MEMBER, "expired": _boolean},

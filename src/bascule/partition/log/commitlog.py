@@ -159,6 +159,8 @@ class CommitLog:
         self._directory_unsynced = False
         self._closed = False
         self._failure: LogFailed | None = None
+        self._synced_end = 0  # the log end the last successful sync covered (see synced_end)
+        self._cuts = 0  # truncations and restarts: a sync begun before one covers nothing after it
         self._damaged_from: int | None = None
         self._damage_cut_off = False  # the damaged entries are out of the log, only missing
         # Changed by whatever changes the sealed segments (truncation, retention, compaction): a
@@ -200,6 +202,7 @@ class CommitLog:
         log._last_timestamp = log._timestamp_of_last_entry()
         log._load_epochs()
         log._load_high_watermark()
+        log._synced_end = log.next_offset
         if tail is not None and tail.damaged_from is not None:
             log._record_damage(tail.damaged_from, cut_off=True)
         return log
@@ -326,6 +329,12 @@ class CommitLog:
     def epochs(self) -> EpochHistory:
         """The leader-epoch history; any change to it is checkpointed at once."""
         return self._epochs
+
+    @property
+    def synced_end(self) -> int:
+        """The log end that the last successful sync covered (what open found, at first): after a
+        failed fsync, entries from here on may be readable and still not on the disk."""
+        return min(self._synced_end, self.next_offset)
 
     @property
     def failure(self) -> LogFailed | None:
@@ -608,6 +617,8 @@ class CommitLog:
                 self._damage_cut_off = True
         self._epochs.truncate_from_end(offset)
         self._high_watermark = min(self._high_watermark, offset - 1)
+        self._synced_end = min(self._synced_end, offset)
+        self._cuts += 1
 
     def _truncate_segments(self, offset: int) -> None:
         keep = self._segment_index_for(offset) + 1 if offset >= self.oldest_offset else 0
@@ -645,6 +656,8 @@ class CommitLog:
         self._last_timestamp = 0
         self._epochs.truncate_from_end(0)
         self._high_watermark = offset - 1
+        self._synced_end = offset
+        self._cuts += 1
 
     def enforce_retention(self) -> int:
         """Delete the oldest whole segments beyond the retention limits; returns how many.
@@ -792,6 +805,7 @@ class CommitLog:
         directory = self.directory if self._directory_unsynced else None
         self._directory_unsynced = False
         epochs = self._epochs_to_checkpoint()
+        end, cuts = self.next_offset, self._cuts
 
         def run() -> None:
             started = time.monotonic()
@@ -808,6 +822,8 @@ class CommitLog:
             if fds or directory is not None:
                 fsync_seconds.observe(time.monotonic() - started)
             self._check_not_failed()
+            if cuts == self._cuts:
+                self._synced_end = max(self._synced_end, end)
             if epochs is not None:
                 self._checkpoint_epochs(*epochs)
 
