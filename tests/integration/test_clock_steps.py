@@ -13,8 +13,6 @@ processes, and tolerates a day's disagreement on a first sighting).
 from __future__ import annotations
 
 import asyncio
-import glob
-import os
 import re
 import time
 from datetime import datetime
@@ -24,46 +22,18 @@ import pytest
 from cluster_checks import ALL_NODES, FAST, check_live, converged, create_stream, restart, running_publisher, wait_for
 
 from bascule.client import Client
+from bascule.testing.clock import SteppedClock, stepped_clock_unavailable_reason
 from bascule.testing.local import LocalCluster
-
-LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.cluster,
     pytest.mark.timeout(150),
-    pytest.mark.skipif(LIBFAKETIME is None, reason="no libfaketime (Debian's faketime package: make faketime)"),
+    pytest.mark.skipif(stepped_clock_unavailable_reason() is not None, reason=str(stepped_clock_unavailable_reason())),
 ]
 
 STEPPED = 2
 LOG_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
-# libfaketime 0.9.10 breaks Python 3.11's time.sleep when it leaves CLOCK_MONOTONIC alone: it shifts
-# the absolute CLOCK_MONOTONIC deadline of clock_nanosleep by the wall-clock offset (EINVAL).
-# pysyncobj's tick thread sleeps with it; waiting on an event takes another path.
-SLEEP_SHIM = '''import threading, time
-
-
-def _sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    threading.Event().wait(seconds)
-
-
-time.sleep = _sleep
-'''
-
-
-def stepped_clock_env(offset_file: Path, shim_dir: Path) -> dict[str, str]:
-    shim_dir.mkdir()
-    (shim_dir / "sitecustomize.py").write_text(SLEEP_SHIM)
-    python_path = os.pathsep.join(p for p in (str(shim_dir), os.environ.get("PYTHONPATH", "")) if p)
-    return {
-        "LD_PRELOAD": str(LIBFAKETIME),
-        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_CACHE_DURATION": "1",  # the file is read again within a second or two of a step
-        "PYTHONPATH": python_path,
-    }
 
 
 def newest_logged_time(log: Path) -> float | None:
@@ -72,9 +42,9 @@ def newest_logged_time(log: Path) -> float | None:
     return datetime.strptime(stamped[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if stamped else None
 
 
-async def step_clock(cluster: LocalCluster, offset_file: Path, offset_s: int) -> None:
+async def step_clock(cluster: LocalCluster, clock: SteppedClock, offset_s: int) -> None:
     """Step node 2's wall clock to ``offset_s`` from ours, and wait until its log shows it."""
-    await asyncio.to_thread(offset_file.write_text, f"{offset_s:+d}\n")
+    await asyncio.to_thread(clock.step, offset_s)
     log = cluster.node(STEPPED).log_path
 
     async def stepped() -> bool:
@@ -92,19 +62,18 @@ async def create_through(cluster: LocalCluster, index: int, stream: str) -> None
 
 
 async def test_a_node_whose_wall_clock_steps_keeps_replicating_and_serving_metadata(tmp_path) -> None:
-    offset_file = tmp_path / "node-2-clock-offset"
-    offset_file.write_text("-420\n")
+    clock = SteppedClock(tmp_path / "node-2-clock", -420)
     cluster = LocalCluster(3, config=FAST, base_dir=tmp_path / "cluster")
-    cluster.node(STEPPED).extra_env.update(stepped_clock_env(offset_file, tmp_path / "shim"))
+    cluster.node(STEPPED).extra_env.update(clock.env())
     cluster.node(STEPPED).level = "debug"  # log lines often enough to read its clock from
     with cluster:
         await create_stream(cluster, "steps")  # node 2 in the ISR: heard 7 minutes behind
-        await step_clock(cluster, offset_file, -420)
+        await step_clock(cluster, clock, -420)
         await create_through(cluster, STEPPED, "probe-behind")
         async with running_publisher(cluster, "steps") as load:
             await load.wait_acks(5, 10)
             for offset_s, probe in ((900, "probe-ahead"), (-3600, "probe-hour-back")):
-                await step_clock(cluster, offset_file, offset_s)
+                await step_clock(cluster, clock, offset_s)
                 await create_through(cluster, STEPPED, probe)
                 await load.wait_acks(10, 10)
                 await wait_for(lambda: converged(cluster, "steps", ALL_NODES), 15, "steps: a full ISR", cluster)
@@ -113,7 +82,7 @@ async def test_a_node_whose_wall_clock_steps_keeps_replicating_and_serving_metad
                 await restart(cluster, index)
                 await load.wait_acks(10, 15)
                 await wait_for(lambda: converged(cluster, "steps", ALL_NODES), 20, "steps: a full ISR", cluster)
-            await step_clock(cluster, offset_file, -3600)
+            await step_clock(cluster, clock, -3600)
             await create_through(cluster, STEPPED, "probe-restarted")
         await check_live(cluster, "steps", load.acked)
         assert not load.conflicts, load.conflicts

@@ -9,11 +9,16 @@ generation ("churn-g<gen>-<seq>").
 
 The faults come from a seeded random.Random: SIGKILL of the partition leader, of a follower or of any node
 (restarted after a short random pause, sometimes at once), SIGSTOP of any node for 0.5-6 s, power cut of the
-leader or of a follower (LocalCluster(power_cuts=True); left out, with the reason printed, where FUSE is not
-available), a restart of the nats-server, SIGKILL of the metadata (Raft) leader, and delete + create of
-"churn". Never more than one node is down at a time, and between two faults the cluster must heal: every
-node answers, the metadata Raft group has a leader, the nodes agree on a leader and an ISR of at least two
-for each stream, and the loads are acked again. A heal that does not come within HEAL_TIMEOUT is a failure.
+leader or of a follower (LocalCluster(power_cuts=True)), a restart of the nats-server, SIGKILL of the
+metadata (Raft) leader, and delete + create of "churn". Compound faults: two nodes SIGKILLed at once, and
+the power cut of a follower at the moment the partition leader's process dies (restarted in either order,
+the one that lost power first more often: the case where electing it would lose acks). Disk faults of the
+power-cut disk on the partition logs (/streams) of one node for 0.5-6 s: full, failing fsync, slow fsync.
+A step of one node's wall clock by a minute to two hours, either way (libfaketime). The faults that need
+FUSE or libfaketime are left out, with the reason printed, where they are not available. Between two
+faults the cluster must heal: every node answers, the metadata Raft group has a leader, the nodes agree on
+a leader and an ISR of at least two for each stream, and the loads are acked again. A heal that does not
+come within HEAL_TIMEOUT is a failure.
 
 Then, faults stopped: all three replicas back in the ISR with one HW; every acked message at its offset,
 offsets contiguous from 0, replicas identical (live through readISRReplica, then byte for byte in the
@@ -65,6 +70,7 @@ from cluster_checks import (
 )
 
 from bascule.client import Client
+from bascule.testing.clock import SteppedClock, stepped_clock_unavailable_reason
 from bascule.testing.local import LocalCluster
 from bascule.testing.powercut import fuse_unavailable_reason
 from bascule.wire.entry import decode_entries
@@ -80,7 +86,7 @@ HEAL_TIMEOUT = 30.0  # from the end of a fault until both streams have a leader 
 CONVERGE_TIMEOUT = 60.0  # after the last fault, until all three replicas are in the ISR
 CHURN_VALUE = re.compile(rb"^churn-g(\d+)-\d+$")
 
-# kind -> weight. The power cuts are left out without FUSE.
+# kind -> weight. The power cuts and disk faults are left out without FUSE, clock steps without libfaketime.
 KINDS: dict[str, int] = {
     "kill_leader": 3,
     "kill_follower": 2,
@@ -91,7 +97,17 @@ KINDS: dict[str, int] = {
     "nats_restart": 1,
     "kill_raft_leader": 2,
     "churn": 2,
+    "double_kill": 1,
+    "cut_and_kill": 2,
+    "disk_full": 1,
+    "fsync_error": 1,
+    "slow_fsync": 1,
+    "clock_step": 2,
 }
+NEEDS_FUSE = frozenset({"power_cut_leader", "power_cut_follower", "cut_and_kill", "disk_full", "fsync_error",
+                        "slow_fsync"})
+NEEDS_FAKETIME = frozenset({"clock_step"})
+LOGS = "/streams"  # disk faults hit the partition logs, not the Raft journal beside them
 
 
 @dataclass
@@ -118,8 +134,12 @@ class Draw:
     kind: str
     pick: float  # which candidate node
     down: float  # pause before the restart (0 = at once)
-    stopped: float  # SIGSTOP duration
+    stopped: float  # SIGSTOP duration, and how long a disk fault lasts
     nats_down: float
+    pick2: float  # the second node of a compound fault
+    lost_power_first: bool  # which of a compound fault's nodes restarts first
+    fsync_delay: float
+    clock_offset: int  # seconds
 
     @classmethod
     def take(cls, rng: random.Random, kinds: dict[str, int]) -> Draw:
@@ -128,7 +148,11 @@ class Draw:
         down = 0.0 if rng.random() < 0.3 else round(rng.uniform(0.1, 3.0), 2)
         stopped = round(rng.uniform(0.5, 6.0), 2)
         nats_down = 0.0 if rng.random() < 0.3 else round(rng.uniform(0.1, 2.5), 2)
-        return cls(kind, pick, down, stopped, nats_down)
+        pick2 = rng.random()
+        lost_power_first = rng.random() < 0.7
+        fsync_delay = round(rng.uniform(0.1, 1.0), 2)
+        clock_offset = rng.choice((-1, 1)) * rng.randint(60, 7200)
+        return cls(kind, pick, down, stopped, nats_down, pick2, lost_power_first, fsync_delay, clock_offset)
 
 
 @dataclass
@@ -145,6 +169,7 @@ class Nemesis:
     churn_acks: dict[int, int] = field(default_factory=dict)  # generation -> acked values
     churn_conflicts: list[str] = field(default_factory=list)
     cut_bytes: int = 0
+    clocks: list[SteppedClock] = field(default_factory=list)  # each node's, with libfaketime
 
     # -- reporting --
     def history(self, last: int | None = None) -> str:
@@ -235,6 +260,26 @@ class Nemesis:
             await restart(cluster, target)
             role = "also partition leader" if target == leader else "partition follower"
             fault.detail = f"({role}) down {draw.down:.1f} s before the restart"
+        elif kind in ("double_kill", "cut_and_kill"):
+            await self.two_down(fault, draw)
+        elif kind in ("disk_full", "fsync_error", "slow_fsync"):
+            target = self.choose(ALL_NODES, draw.pick)
+            leader, _ = await self.partition_roles()
+            fault.node = cluster.node(target).server_id
+            faults = {"disk_full": {"full": True}, "fsync_error": {"fsync_error": True},
+                      "slow_fsync": {"fsync_delay": draw.fsync_delay}}[kind]
+            await asyncio.to_thread(cluster.disk_faults, target, prefix=LOGS, **faults)
+            try:
+                await asyncio.sleep(draw.stopped)
+            finally:
+                await asyncio.to_thread(cluster.disk_faults, target)
+            role = "leader" if target == leader else "follower"
+            fault.detail = f"({role}) {faults} for {draw.stopped:.1f} s"
+        elif kind == "clock_step":
+            target = self.choose(ALL_NODES, draw.pick)
+            fault.node = cluster.node(target).server_id
+            await asyncio.to_thread(self.clocks[target].step, draw.clock_offset)
+            fault.detail = f"wall clock now {draw.clock_offset:+d} s from the others'"
         elif kind == "nats_restart":
             await asyncio.to_thread(cluster.restart_nats, draw.nats_down)
             fault.detail = f"down {draw.nats_down:.1f} s"
@@ -253,6 +298,35 @@ class Nemesis:
             fault.detail = f"gen {self.churn_gen - 1} ({acked} acked) deleted, gen {self.churn_gen} created"
         else:
             raise AssertionError(f"unknown fault kind {kind}")
+
+    async def two_down(self, fault: Fault, draw: Draw) -> None:
+        """Two nodes at once: both SIGKILLed, or the partition leader SIGKILLed as a follower loses
+        power; restarted one after the other."""
+        cluster = self.cluster
+        leader, followers = await self.partition_roles()
+        if fault.kind == "cut_and_kill":
+            first, second = self.choose(followers, draw.pick), leader
+            cut = await asyncio.gather(asyncio.to_thread(cluster.kill, leader),
+                                       asyncio.to_thread(cluster.power_cut, first))
+            self.cut_bytes += cut[1].get("bytes_dropped", 0)
+            fault.detail = f"leader killed as follower lost power ({cut[1].get('bytes_dropped', 0)} B dropped); "
+            if not draw.lost_power_first:
+                first, second = second, first
+        else:
+            first = self.choose(ALL_NODES, draw.pick)
+            second = self.choose([i for i in ALL_NODES if i != first], draw.pick2)
+            await asyncio.gather(asyncio.to_thread(cluster.kill, first), asyncio.to_thread(cluster.kill, second))
+            fault.detail = f"({'leader' if leader in (first, second) else 'followers'}) "
+        fault.node = f"{cluster.node(first).server_id}+{cluster.node(second).server_id}"
+        await asyncio.sleep(draw.down)
+        for index in (first, second):
+            node = cluster.node(index)
+            node.start(wait=False)
+            # Alone, the first cannot be ready (no Raft majority): the second starts soon after.
+            await asyncio.sleep(min(draw.down, 1.0))
+        for index in (first, second):
+            await asyncio.to_thread(cluster.node(index).wait_ready, 30, cluster.running_server_ids)
+        fault.detail += f"down {draw.down:.1f} s, {cluster.node(first).server_id} restarted first"
 
     async def heal(self, fault: Fault) -> str:
         """Until every node answers, Raft has a leader, the nodes agree on a leader and an ISR of at least two
@@ -351,15 +425,24 @@ async def test_nemesis() -> None:
     seed = nemesis_seed()
     kinds = dict(KINDS)
     reason = fuse_unavailable_reason()
+    clock_reason = stepped_clock_unavailable_reason()
     if reason is not None:
-        kinds = {k: w for k, w in kinds.items() if not k.startswith("power_cut")}
+        kinds = {k: w for k, w in kinds.items() if k not in NEEDS_FUSE}
+    if clock_reason is not None:
+        kinds = {k: w for k, w in kinds.items() if k not in NEEDS_FAKETIME}
     print(f"\nnemesis: seed {seed} ({SEED_ENV}={seed} to replay), {FAULTS} faults, kinds {sorted(kinds)}", flush=True)
     if reason is not None:
-        print(f"nemesis: no power-cut faults: FUSE unavailable: {reason}", flush=True)
+        print(f"nemesis: no power-cut or disk faults: FUSE unavailable: {reason}", flush=True)
+    if clock_reason is not None:
+        print(f"nemesis: no clock steps: {clock_reason}", flush=True)
     rng = random.Random(seed)
     began = time.monotonic()
     nemesis: Nemesis | None = None
-    with LocalCluster(3, config=FAST, power_cuts=reason is None) as cluster:
+    cluster = LocalCluster(3, config=FAST, power_cuts=reason is None)
+    clocks = [SteppedClock(cluster.base_dir / f".clock-{i}") for i in ALL_NODES] if clock_reason is None else []
+    for node, clock in zip(cluster.nodes, clocks):
+        node.extra_env.update(clock.env())
+    with cluster:
         print(f"nemesis: cluster in {cluster.base_dir} (kept after a failure)", flush=True)
         try:
             await create_stream(cluster, STREAM)
@@ -367,7 +450,7 @@ async def test_nemesis() -> None:
             async with running_observer(cluster, STREAM) as reader, \
                     running_publisher(cluster, STREAM, batch=10) as load, \
                     running_publisher(cluster, STREAM, kind=EnvelopePublisher, batch=10, pause=0.05, tag="e") as eload:
-                nemesis = Nemesis(cluster, seed, rng, kinds, [load, eload])
+                nemesis = Nemesis(cluster, seed, rng, kinds, [load, eload], clocks=clocks)
                 nemesis.start_churn_load()
                 try:
                     await load.wait_acks(5, 15)
