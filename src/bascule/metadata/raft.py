@@ -19,6 +19,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from bascule import durable
+from bascule.metadata import raft_standing
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.raft_fixes import SafeSyncObj
 from bascule.metadata.state import MetadataState
@@ -242,6 +243,10 @@ class MetadataRaft:
             return await asyncio.wait_for(asyncio.shield(done), wait)
         except TimeoutError:
             return None
+
+    def stand_only_while(self, standing_until: Callable[[], float]) -> None:
+        """Lead and stand for election only until ``standing_until()``, a monotonic reading (``raft_standing``)."""
+        raft_standing.stand_only_while(self._sync, standing_until)
 
     def close(self) -> None:
         self._sync.destroy()

@@ -78,7 +78,7 @@ class MetadataService:
             return await self._execute(op, args)
         request = envelope.encode(envelope.MsgType.PROPAGATED_REQUEST, _pack({"op": op, "args": args}))
         try:
-            reply = await self.nc.request(self.subjects.propagate, request, timeout=FORWARD_TIMEOUT)
+            reply = await self._forward(request)
             kind, payload = envelope.decode(reply.data)
             if kind != envelope.MsgType.PROPAGATED_RESPONSE:
                 raise envelope.EnvelopeError(f"unexpected {kind.name}")
@@ -89,6 +89,21 @@ class MetadataService:
             raise NoMetadataLeader(f"malformed reply from the metadata leader: {exc}") from exc
         if error:
             raise MetadataError(*error)
+
+    async def _forward(self, request: bytes) -> Msg:
+        """The metadata leader's reply; NoMetadataLeader as soon as Raft's leader changes: a leader that gave
+        up its leadership (cut off from NATS, say) never answers, and its successor never saw the request."""
+        leader = self.raft.leader
+        asking = asyncio.ensure_future(self.nc.request(self.subjects.propagate, request, timeout=FORWARD_TIMEOUT))
+        try:
+            # pysyncobj tells nobody of a new leader: polled.
+            while not asking.done():
+                await asyncio.wait({asking}, timeout=LEADER_POLL)
+                if not asking.done() and self.raft.leader != leader:
+                    raise NoMetadataLeader(f"the metadata leader changed from {leader} while it was asked")
+            return asking.result()
+        finally:
+            asking.cancel()
 
     async def _wait_for_leader(self) -> None:
         """Wait (briefly) until Raft knows a leader: a request forwarded to nobody only times out."""

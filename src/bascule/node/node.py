@@ -20,6 +20,7 @@ from bascule import durable
 from bascule.config import Config
 from bascule.config.values import unauthenticated_raft_error
 from bascule.metadata.election import Position
+from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService, join_cluster
 from bascule.metadata.state import ALREADY_EXISTS, FAILED_PRECONDITION, INVALID_ARGUMENT, MetadataState
@@ -226,6 +227,11 @@ class Node:
             raft_address, await self._raft_peers(raft_address), self.data_dir, secret,
             self._on_metadata_change,
         )
+        # Raft has links of its own, but the metadata leader serves the cluster over NATS (issue 25).
+        heartbeats = NatsHeartbeats(internal, self.subjects, self._raft)
+        self._raft.stand_only_while(heartbeats.standing)
+        await heartbeats.start()
+        self.tasks.start(heartbeats.run(), "metadata heartbeats")
         self._metadata = MetadataService(
             self._raft, internal, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
             self.live_brokers, self.config.groups.coordinator_timeout,

@@ -1,4 +1,5 @@
-"""Real bascule processes for tests: one node (`LocalNode`) or a cluster on its own nats-server (`LocalCluster`).
+"""Real bascule processes for tests: one node (`LocalNode`) or a cluster on its own nats-server, or on a NATS
+cluster of one server per node (`LocalCluster`).
 
 Everything here is synchronous (``subprocess.Popen``), so it serves sync pytest fixtures and async tests
 alike. Calls that wait (``wait_ready``, ``start``, ``restart``) block; from an async test that must keep its
@@ -12,6 +13,12 @@ node's own children (the nats-server of ``--embedded-nats``) are signalled with 
         ...
         cluster.kill(0)
         cluster.restart(0)   # same gRPC and Raft addresses, same data dir
+
+With ``nats_cluster=True`` node i connects to nats-server i alone, and the servers' routes pass through
+proxies of the test process (`bascule.testing.routes`) that ``cluster.routes`` cuts and heals:
+
+    cluster.routes.cut_server(1)   # server 1 (and so node 1) cut off from the other servers
+    cluster.routes.heal()
 
 With ``power_cuts=True`` each node's data dir is a FUSE mount (`bascule.testing.powercut`), and
 ``power_cut(i)`` SIGKILLs node i and drops every write it had not fsynced, as a power cut would;
@@ -51,6 +58,7 @@ from bascule.testing.ports import LOOPBACK, free_port, join_host_port
 from bascule.testing.powercut import PowerCutDisk
 from bascule.testing.processes import LocalProcess, LocalProcessError
 from bascule.testing.readiness import wait_for_brokers
+from bascule.testing.routes import RouteProxies
 from bascule.testing.settings import flat_config
 
 __all__ = ["LocalCluster", "LocalNatsServer", "LocalNode"]
@@ -60,6 +68,7 @@ DEFAULT_STOP_GRACE = 10.0
 LOG_NAME = "bascule.log"
 CONFIG_NAME = "bascule.yaml"
 EMBEDDED_NATS_CONFIG_NAME = "embedded-nats.conf"
+NATS_CLUSTER_NAME = "bascule-test"
 
 
 # ---- nats-server ---------------------------------------------------------------------------------
@@ -374,6 +383,9 @@ def _plain(value: Any) -> Any:
 class LocalCluster:
     """A nats-server and `size` bascule nodes on it, each with its own data dir under `base_dir`.
 
+    ``nats_cluster=True`` runs a NATS cluster instead: one nats-server per node (node i on server i only,
+    as Liftbridge is deployed), their routes through `routes` (a `RouteProxies`), which cuts them.
+
     With one node it bootstraps Raft with ``--raft-bootstrap-seed``; with more, every node gets
     ``--raft-bootstrap-peers`` listing all Raft addresses. ``embedded_nats=True`` (one node only)
     lets the node run its own nats-server (``--embedded-nats``) instead.
@@ -395,6 +407,7 @@ class LocalCluster:
         size: int = 1,
         *,
         embedded_nats: bool = False,
+        nats_cluster: bool = False,
         base_dir: str | os.PathLike[str] | None = None,
         config: Mapping[str, Any] | None = None,
         node_config: Sequence[Mapping[str, Any] | None] | None = None,
@@ -412,6 +425,8 @@ class LocalCluster:
             raise ValueError("a cluster needs at least one node")
         if embedded_nats and size != 1:
             raise ValueError("embedded_nats=True is for a single node")
+        if embedded_nats and nats_cluster:
+            raise ValueError("embedded_nats=True and nats_cluster=True exclude each other")
         if node_config is not None and len(node_config) != size:
             raise ValueError(f"node_config needs one entry per node ({size})")
         if base_dir is None:
@@ -425,9 +440,13 @@ class LocalCluster:
         self.embedded_nats = embedded_nats
         self.ready_timeout = ready_timeout
         self.keep_data = keep_data
-        self.nats: LocalNatsServer | None = None
-        if not embedded_nats:
-            self.nats = LocalNatsServer(self.base_dir / LOG_FILE_NAME, host=host)
+        self.routes: RouteProxies | None = None
+        self.nats_servers: list[LocalNatsServer] = []
+        if nats_cluster:
+            self.nats_servers = self._nats_cluster(host)
+        elif not embedded_nats:
+            self.nats_servers = [LocalNatsServer(self.base_dir / LOG_FILE_NAME, host=host)]
+        self.nats: LocalNatsServer | None = self.nats_servers[0] if self.nats_servers else None
         raft_ports = [free_port(host) for _ in range(size)]
         peers = [join_host_port(host, port) for port in raft_ports] if size > 1 else []
         given = "clustering.raft.password" in flat_config(config) or RAFT_PASSWORD_ENV in (env or {})
@@ -440,7 +459,7 @@ class LocalCluster:
                 LocalNode(
                     self.base_dir / f"node-{index}",
                     server_id=f"node-{index}",
-                    nats_servers=[self.nats.url] if self.nats else None,
+                    nats_servers=[self.nats_servers[index if nats_cluster else 0].url] if self.nats else None,
                     embedded_nats=embedded_nats,
                     namespace=namespace,
                     host=host,
@@ -457,6 +476,19 @@ class LocalCluster:
             )
         self._started = False
 
+    def _nats_cluster(self, host: str) -> list[LocalNatsServer]:
+        cluster_ports = [free_port(host) for _ in range(self.size)]
+        self.routes = RouteProxies(cluster_ports, host)
+        return [
+            LocalNatsServer(self.base_dir / f"nats-server-{index}.log", host=host, extra_args=[
+                "--cluster", f"nats://{join_host_port(host, cluster_port)}", "--cluster_name", NATS_CLUSTER_NAME,
+                "--routes", ",".join(self.routes.urls(index)), "--cluster_advertise", self.routes.advertise_address,
+                # A node stays on its own server, even when that server is cut off from the others.
+                "--no_advertise",
+            ])
+            for index, cluster_port in enumerate(cluster_ports)
+        ]
+
     # -- addresses --
     @property
     def brokers(self) -> list[str]:
@@ -465,7 +497,7 @@ class LocalCluster:
 
     @property
     def nats_url(self) -> str | None:
-        """The NATS URL: the cluster's nats-server, or with embedded_nats the node's own."""
+        """The NATS URL: the cluster's (first) nats-server, or with embedded_nats the node's own."""
         return self.nats.url if self.nats else self.nodes[0].nats_url
 
     @property
@@ -489,8 +521,11 @@ class LocalCluster:
     # -- lifecycle --
     def start(self, wait: bool = True, timeout: float | None = None) -> LocalCluster:
         """Start nats-server and every node; with `wait`, until each node lists all brokers."""
-        if self.nats is not None and not self.nats.running:
-            self.nats.start()
+        if self.routes is not None:
+            self.routes.start()
+        for server in self.nats_servers:
+            if not server.running:
+                server.start()
         for node in self.nodes:
             if not node.running:
                 node.start(wait=False)
@@ -516,11 +551,13 @@ class LocalCluster:
             deadline = time.monotonic() + (self.nodes[0].stop_grace if grace is None else grace)
             for node in self.nodes:
                 node._finish_stop(deadline)
-            if self.nats is not None:
-                self.nats.stop()
+            for server in self.nats_servers:
+                server.stop()
         finally:
             self.kill_all()
             self._unmount_all()
+            if self.routes is not None:
+                self.routes.close()
 
     def _unmount_all(self) -> None:
         for node in self.nodes:
@@ -531,7 +568,7 @@ class LocalCluster:
 
     def kill_all(self) -> None:
         """SIGKILL every process this cluster started."""
-        for process in [*self.nodes, *([self.nats] if self.nats else [])]:
+        for process in [*self.nodes, *self.nats_servers]:
             try:
                 process.kill()
             except Exception:  # noqa: BLE001 - keep killing the others
@@ -543,6 +580,8 @@ class LocalCluster:
         except BaseException:
             self.kill_all()
             self._unmount_all()
+            if self.routes is not None:
+                self.routes.close()
             raise
         return self
 
@@ -592,17 +631,20 @@ class LocalCluster:
         self.nodes[index].resume()
 
     def restart_nats(self, down_time: float = 0.0) -> None:
-        """Stop the nats-server, wait `down_time` seconds, start it again on the same port."""
+        """Stop the nats-server (every one of a NATS cluster), wait `down_time` seconds, start it again on the
+        same port."""
         if self.nats is None:
             raise LocalProcessError("this cluster's nodes run embedded NATS; restart the node instead")
-        self.nats.stop()
+        for server in self.nats_servers:
+            server.stop()
         if down_time:
             time.sleep(down_time)
-        self.nats.start()
+        for server in self.nats_servers:
+            server.start()
 
     def log_tails(self, lines: int = 20) -> str:
         """The end of every log, for a failure message."""
         parts = []
-        for process in [*([self.nats] if self.nats else []), *self.nodes]:
+        for process in [*self.nats_servers, *self.nodes]:
             parts.append(f"--- {process._describe()}: {process.log_path} ---\n{process.log_tail(lines)}")
         return "\n".join(parts)

@@ -23,6 +23,10 @@ class Subjects:
         return f"{self.namespace}.raft.metadata.propagate"
 
     @property
+    def metadata_heartbeat(self) -> str:
+        return f"{self.namespace}.raft.metadata.heartbeat"
+
+    @property
     def join(self) -> str:
         return f"{self.namespace}.raft.metadata.join"
 
