@@ -131,6 +131,40 @@ async def test_a_follower_below_a_damaged_entry_on_the_leader_reports_the_leader
             follower_replica.close()
 
 
+async def test_a_report_still_on_its_way_when_the_leader_answers_again_is_withdrawn(tmp_path) -> None:
+    """The leader is silent (a NATS outage, say) and the follower reports it, but the report waits (no
+    metadata leader yet). Once the leader answers again, the report is withdrawn: delivered late,
+    it would depose a leader that works."""
+    async with loopback_nats(tmp_path) as (nc, subjects):
+        leader, endpoint, follower_replica = await leader_and_follower(tmp_path, nc, subjects, leader_timeout=1.0)
+        await endpoint.stop()
+        reported, withdrawn = asyncio.Event(), asyncio.Event()
+
+        async def report_waiting_for_a_metadata_leader(*_: object) -> None:
+            reported.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                withdrawn.set()
+                raise
+
+        loop = FollowerLoop(nc, subjects, follower_replica, "F", FollowerSettings(0.3, 1.0, 0.5),
+                            report_waiting_for_a_metadata_leader)
+        loop.start()
+        try:
+            await asyncio.wait_for(reported.wait(), 10)
+            assert not withdrawn.is_set()
+            endpoint = LeaderEndpoint(nc, subjects, leader, 1 << 20)
+            await endpoint.start()
+            leader.submit([Record(b"back")])
+            await asyncio.wait_for(withdrawn.wait(), 10)
+        finally:
+            await loop.stop()
+            await endpoint.stop()
+            leader.close()
+            follower_replica.close()
+
+
 async def test_a_replaced_leader_with_a_damaged_entry_cuts_it_and_fetches_it_again(tmp_path) -> None:
     """Entry 5 rots on leader A's disk while B already holds 0..9 (committed). B's next fetch
     at 5 is refused; A's re-read (checked, because the follower asked again) records the damage

@@ -290,6 +290,8 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path):
 
 
 def test_the_clean_shutdown_marker_is_taken_durably_before_the_run_writes_anything(tmp_path, synced):
+    assert identity.take_clean_shutdown(tmp_path) is True  # a new data dir: no logs to have lost
+    (tmp_path / "streams").mkdir()
     assert identity.take_clean_shutdown(tmp_path) is False
     identity.record_clean_shutdown(tmp_path)
     synced.clear()

@@ -87,12 +87,13 @@ CLEAN_SHUTDOWN = "clean-shutdown"
 
 
 def take_clean_shutdown(data_dir: Path) -> bool:
-    """Whether the previous run of this node stopped cleanly (every log synced and closed), and
-    from now on, whatever happens to this run, not: the marker goes before any log is written.
-    A crash and a power cut look the same from here, so any other stop counts as unclean."""
+    """Whether the previous run of this node stopped cleanly (every log synced and closed; or it
+    kept no logs), and from now on, whatever happens to this run, not: the marker goes before any
+    log is written. A crash and a power cut look the same from here, so any other stop counts as
+    unclean."""
     marker = data_dir / CLEAN_SHUTDOWN
     if not marker.exists():
-        return False
+        return not (data_dir / "streams").exists()  # no logs: nothing to have lost
     marker.unlink()
     durable.sync_directory(data_dir)
     return True

@@ -178,6 +178,12 @@ class FollowerLoop:
         self._reports.add(task)
         task.add_done_callback(self._report_done)
 
+    def _withdraw_reports(self) -> None:
+        """The leader answers again: a report of it still on its way (waiting for a metadata leader,
+        say, after a NATS outage) would now only depose a working leader."""
+        for task in self._reports:
+            task.cancel()
+
     def _report_done(self, task: asyncio.Task) -> None:
         self._reports.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -243,6 +249,8 @@ class FollowerLoop:
                 # keeps sending it is reported and replaced.
                 await asyncio.sleep(RETRY_PAUSE)
                 return follower.on_fetch_failed(replica.clock())
+        if response.leader_epoch == self.leader_epoch:
+            self._withdraw_reports()
         positions = [(offset, epoch) for offset, epoch, _, _, _ in walked]
         actions = follower.on_replicate(
             response.leader_epoch, response.hw, positions, replica.clock(), response.leader_time
