@@ -14,7 +14,10 @@ metadata (Raft) leader, and delete + create of "churn". Compound faults: two nod
 the power cut of a follower at the moment the partition leader's process dies (restarted in either order,
 the one that lost power first more often: the case where electing it would lose acks). Disk faults of the
 power-cut disk on the partition logs (/streams) of one node for 0.5-6 s: full, failing fsync, slow fsync.
-A step of one node's wall clock by a minute to two hours, either way (libfaketime). The faults that need
+A step of one node's wall clock by a minute to two hours, either way (libfaketime). Each node has a
+nats-server of its own, routed to the others through the test's proxies (LocalCluster(nats_cluster=True)),
+and for 0.5-6 s the nemesis cuts every route of one server (the metadata Raft leader's, half the time), the
+routes between two servers, or one direction between two. The faults that need
 FUSE or libfaketime are left out, with the reason printed, where they are not available. Between two
 faults the cluster must heal: every node answers, the metadata Raft group has a leader, the nodes agree on
 a leader and an ISR of at least two for each stream, and the loads are acked again. A heal that does not
@@ -103,6 +106,9 @@ KINDS: dict[str, int] = {
     "fsync_error": 1,
     "slow_fsync": 1,
     "clock_step": 2,
+    "route_cut": 2,
+    "route_cut_pair": 1,
+    "route_cut_one_way": 1,
 }
 NEEDS_FUSE = frozenset({"power_cut_leader", "power_cut_follower", "cut_and_kill", "disk_full", "fsync_error",
                         "slow_fsync"})
@@ -275,6 +281,8 @@ class Nemesis:
                 await asyncio.to_thread(cluster.disk_faults, target)
             role = "leader" if target == leader else "follower"
             fault.detail = f"({role}) {faults} for {draw.stopped:.1f} s"
+        elif kind.startswith("route_cut"):
+            await self.cut_routes(fault, draw)
         elif kind == "clock_step":
             target = self.choose(ALL_NODES, draw.pick)
             fault.node = cluster.node(target).server_id
@@ -298,6 +306,31 @@ class Nemesis:
             fault.detail = f"gen {self.churn_gen - 1} ({acked} acked) deleted, gen {self.churn_gen} created"
         else:
             raise AssertionError(f"unknown fault kind {kind}")
+
+    async def cut_routes(self, fault: Fault, draw: Draw) -> None:
+        cluster = self.cluster
+        routes = cluster.routes
+        assert routes is not None
+        first = self.choose(ALL_NODES, draw.pick)
+        if fault.kind == "route_cut" and draw.lost_power_first:
+            first = await wait_for(lambda: raft_leader_index(cluster), 15, "a metadata Raft leader", cluster)
+        second = self.choose([i for i in ALL_NODES if i != first], draw.pick2)
+        if fault.kind == "route_cut":
+            await asyncio.to_thread(routes.cut_server, first)
+            fault.node, fault.detail = cluster.node(first).server_id, "every route of its server"
+        elif fault.kind == "route_cut_pair":
+            await asyncio.to_thread(routes.cut_pair, first, second)
+            fault.node = f"{cluster.node(first).server_id}+{cluster.node(second).server_id}"
+            fault.detail = "their route"
+        else:
+            await asyncio.to_thread(routes.cut_one_way, first, second)
+            fault.node = f"{cluster.node(first).server_id}>{cluster.node(second).server_id}"
+            fault.detail = "one way"
+        try:
+            await asyncio.sleep(draw.stopped)
+        finally:
+            await asyncio.to_thread(routes.heal)
+        fault.detail += f" cut for {draw.stopped:.1f} s"
 
     async def two_down(self, fault: Fault, draw: Draw) -> None:
         """Two nodes at once: both SIGKILLed, or the partition leader SIGKILLed as a follower loses
@@ -438,7 +471,7 @@ async def test_nemesis() -> None:
     rng = random.Random(seed)
     began = time.monotonic()
     nemesis: Nemesis | None = None
-    cluster = LocalCluster(3, config=FAST, power_cuts=reason is None)
+    cluster = LocalCluster(3, config=FAST, power_cuts=reason is None, nats_cluster=True)
     clocks = [SteppedClock(cluster.base_dir / f".clock-{i}") for i in ALL_NODES] if clock_reason is None else []
     for node, clock in zip(cluster.nodes, clocks):
         node.extra_env.update(clock.env())
