@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from bascule import durable
-from bascule.partition.log import checkpoint, compaction
+from bascule.partition.log import checkpoint, compaction, retention
 from bascule.partition.log.compaction import CompactionJob, SealedSegment
 from bascule.partition.log.epochs import EpochHistory
 from bascule.partition.log.fsync_times import fsync_seconds
@@ -104,6 +104,12 @@ class LogConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+
+    @property
+    def retention_limits(self) -> retention.RetentionLimits:
+        return retention.RetentionLimits(
+            self.retention_max_bytes, self.retention_max_messages, int(self.retention_max_age * _NS_PER_SECOND)
+        )
 
 
 class _TrackedEpochHistory(EpochHistory):
@@ -660,19 +666,9 @@ class CommitLog:
         self._cuts += 1
 
     def enforce_retention(self) -> int:
-        """Delete the oldest whole segments beyond the retention limits; returns how many.
-
-        The active segment is never deleted, nor any segment holding entries above the high
-        watermark (a follower may still need them to be committed).
-        """
-        deletable = [
-            segment
-            for segment in self._segments[:-1]
-            if segment.next_offset - 1 <= self._high_watermark
-        ]
-        count = min(
-            len(deletable),
-            max(self._expired_by_age(), self._excess_by_size(), self._excess_by_messages()),
+        """Delete the oldest whole segments that retention lets go (see ``retention``); returns how many."""
+        count = retention.segments_to_delete(
+            self._segments[:-1], self._active, self.config.retention_limits, self._high_watermark, self._clock()
         )
         for segment in self._segments[:count]:
             segment.delete()
@@ -764,29 +760,6 @@ class CommitLog:
         compacted = Segment.open_sealed(self.directory, base, rewrite.next_offset, self.config.index_interval_bytes)
         compacted.may_end_early = True
         self._segments[position] = compacted
-
-    def _expired_by_age(self) -> int:
-        max_age_ns = int(self.config.retention_max_age * _NS_PER_SECOND)
-        if not max_age_ns:
-            return 0
-        cutoff = self._clock() - max_age_ns
-        count = 0
-        for segment in self._segments[:-1]:
-            if segment.last_timestamp is None or segment.last_timestamp >= cutoff:
-                break
-            count += 1
-        return count
-
-    def _excess_by_size(self) -> int:
-        return _oldest_beyond_limit(
-            [segment.size for segment in self._segments], self.config.retention_max_bytes
-        )
-
-    def _excess_by_messages(self) -> int:
-        return _oldest_beyond_limit(
-            [segment.next_offset - segment.base_offset for segment in self._segments],
-            self.config.retention_max_messages,
-        )
 
     # --- durability ------------------------------------------------------------------------
 
@@ -883,21 +856,6 @@ def _monotonic(records: Sequence[Record], now: int, previous: int) -> Sequence[R
         stamped.append(Record(record.value, record.key, record.headers, timestamp))
         previous = timestamp
     return stamped
-
-
-def _oldest_beyond_limit(sizes: list[int], limit: int) -> int:
-    """How many leading items to drop so the newest ones total at most ``limit`` (0 = none).
-
-    The last item, the active segment, always stays even when it alone is over the limit.
-    """
-    if not limit:
-        return 0
-    total = 0
-    for kept, size in enumerate(reversed(sizes)):
-        total += size
-        if total > limit and kept > 0:
-            return len(sizes) - kept
-    return 0
 
 
 def _base_offset(segment: Segment) -> int:
