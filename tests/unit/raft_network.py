@@ -16,7 +16,7 @@ from pysyncobj.transport import Transport
 
 from bascule.metadata.raft import MetadataStore
 from bascule.metadata.raft_fixes import REGULAR_COMMAND, SafeSyncObj
-from bascule.wire.commands import encode_command
+from bascule.wire.commands import RegisterBroker, encode_command
 
 FAR = 1e6  # seconds: no election, heartbeat or step-down happens unless the test asks for it
 
@@ -140,7 +140,7 @@ class Network:
 
 
 def registration(broker: str) -> bytes:
-    return encode_command("register_broker", id=broker, host="h", port=1, raft="r")
+    return encode_command(RegisterBroker(id=broker, host="h", port=1, raft="r"))
 
 
 def _conf(dump_file: str | None) -> SyncObjConf:

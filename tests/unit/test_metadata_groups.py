@@ -19,7 +19,7 @@ from bascule.metadata.groups import (
 )
 from bascule.metadata.state import FAILED_PRECONDITION, NOT_FOUND, MetadataState
 from bascule.node.activity import encode_event
-from bascule.wire.commands import CommandError, decode_command, encode_command, validate_request
+from bascule.wire.commands import CommandError, command_from_map, decode_command, encode_command, validate_request
 from bascule.wire.pb import api_pb2
 
 
@@ -28,7 +28,7 @@ class Machine:
         self.state = MetadataState()
 
     def apply(self, op, **fields):
-        self.state, result = self.state.apply(decode_command(encode_command(op, **fields)))
+        self.state, result = self.state.apply(decode_command(encode_command(command_from_map({"op": op, **fields}))))
         return result
 
 
@@ -236,7 +236,7 @@ GOOD_JOIN = {"group": "g", "consumer": "c", "streams": ["foo"], "coordinator": "
 ])
 def test_join_commands_are_validated_in_full(field, value):
     with pytest.raises(CommandError):
-        encode_command("join_consumer_group", **{**GOOD_JOIN, field: value})
+        encode_command(command_from_map({"op": "join_consumer_group", **GOOD_JOIN, field: value}))
 
 
 @pytest.mark.parametrize("command", [

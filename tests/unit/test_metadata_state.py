@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bascule.metadata import state as state_rules
 from bascule.metadata.placement import PlacementError, place, replica_count
 from bascule.metadata.state import (
     ALREADY_EXISTS,
@@ -10,7 +11,7 @@ from bascule.metadata.state import (
     NOT_FOUND,
     MetadataState,
 )
-from bascule.wire.commands import CommandError, decode_command, encode_command
+from bascule.wire.commands import CommandError, Pause, command_from_map, decode_command, encode_command
 
 
 class Machine:
@@ -28,7 +29,7 @@ class Machine:
 
 
 def apply(machine, op, **fields):
-    return machine.apply(decode_command(encode_command(op, **fields)))
+    return machine.apply(decode_command(encode_command(command_from_map({"op": op, **fields}))))
 
 
 def stream_state(replicas=(("a", "b", "c"),)):
@@ -174,7 +175,7 @@ def test_hostile_commands_are_refused_before_they_reach_the_state(command):
     with pytest.raises(CommandError):
         decode_command(msgpack.packb(command, use_bin_type=True))
     with pytest.raises(CommandError):
-        encode_command(**command)
+        encode_command(command_from_map(command))
 
 
 def test_the_journaled_apply_never_raises_and_is_a_no_op(monkeypatch):
@@ -185,8 +186,8 @@ def test_the_journaled_apply_never_raises_and_is_a_no_op(monkeypatch):
     store = MetadataStore(on_applied=lambda: None)
     store.state = stream_state().state
     before = store.state.snapshot()
-    monkeypatch.setattr(MetadataState, "_pause", lambda self, c: 1 / 0)  # a rule that raises
-    result = store.apply_journaled(encode_command("pause", name="s", partitions=[0], resume_all=False, at=1))
+    monkeypatch.setitem(state_rules._RULES, "pause", lambda self, c: 1 / 0)  # a rule that raises
+    result = store.apply_journaled(encode_command(Pause(name="s", partitions=[0], resume_all=False, at=1)))
     assert result[0] == "INVALID_ARGUMENT"
     assert store.state.snapshot() == before
 
@@ -339,7 +340,7 @@ def test_unclean_members_survive_a_snapshot():
 
 def test_register_broker_refuses_a_non_boolean_unclean():
     with pytest.raises(CommandError, match="unclean"):
-        encode_command("register_broker", id="b", host="h", port=1, raft="h:1", unclean="yes")
+        command_from_map({"op": "register_broker", "id": "b", "host": "h", "port": 1, "raft": "h:1", "unclean": "yes"})
 
 
 def test_a_replica_whose_log_failed_marks_itself_unclean_while_in_the_isr():

@@ -52,6 +52,7 @@ from bascule.partition.replication.follower import (
 )
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
+from bascule.wire.commands import command_from_map
 
 STREAM = "stream"
 PARTITION = (STREAM, 0)
@@ -122,7 +123,7 @@ class Cluster:
         self._apply("register_broker", id=rid, host="h", port=1, raft="r", incarnation=f"{rid}-{r.incarnation}")
 
     def _apply(self, op: str, **fields):
-        self.meta, result = self.meta.apply({"op": op, **fields})
+        self.meta, result = self.meta.apply(command_from_map({"op": op, **fields}))
         return result
 
     @property

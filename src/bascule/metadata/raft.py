@@ -23,7 +23,7 @@ from bascule.metadata import raft_standing
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.raft_fixes import SafeSyncObj
 from bascule.metadata.state import MetadataState
-from bascule.wire.commands import CommandError, decode_command, encode_command
+from bascule.wire.commands import Command, CommandError, decode_command, encode_command
 
 log = logging.getLogger(__name__)
 # How often the Raft leader sends entries or a heartbeat: a follower learns of a commit with the next.
@@ -94,7 +94,7 @@ def _applied(state: MetadataState, command: bytes) -> tuple[MetadataState, tuple
         # pysyncobj would retry a raising apply forever, on every node and every replay,
         # wedging the group: a command that cannot be applied is a deterministic no-op.
         log.exception("refusing a command the state machine could not apply: %.200r", decoded)
-        return state, ("INVALID_ARGUMENT", f"cannot apply {decoded.get('op')}: {exc}")
+        return state, ("INVALID_ARGUMENT", f"cannot apply {decoded.OP}: {exc}")
 
 
 def _restored(dump: bytes) -> MetadataState:
@@ -165,8 +165,8 @@ class MetadataRaft:
     def _applied(self) -> None:
         self._loop.call_soon_threadsafe(self._on_change)
 
-    async def propose(self, op: str, timeout: float = PROPOSE_TIMEOUT, **fields: Any) -> None:
-        command = encode_command(op, **fields)
+    async def propose(self, proposal: Command, timeout: float = PROPOSE_TIMEOUT) -> None:
+        command = encode_command(proposal)
         done: asyncio.Future[tuple[Any, int]] = self._loop.create_future()
 
         def finished(result: Any, reason: int) -> None:

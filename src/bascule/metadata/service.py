@@ -24,7 +24,15 @@ from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.state import FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, Partition
 from bascule.natsio.sealed import SealedNats
 from bascule.wire import envelope
-from bascule.wire.commands import CommandError, validate_request
+from bascule.wire.commands import (
+    ChangeGroupCoordinator,
+    ChangeLeader,
+    CommandError,
+    CreateStream,
+    JoinConsumerGroup,
+    command_from_map,
+    validate_request,
+)
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -161,7 +169,7 @@ class MetadataService:
                 self._elections.reports.left_isr(
                     (args["name"], args["partition"]), args["replica"], args["leader_epoch"], self.clock()
                 )
-            await self.raft.propose(op, **args)
+            await self.raft.propose(command_from_map({**args, "op": op}))
 
     async def _create_stream(
         self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
@@ -175,10 +183,9 @@ class MetadataService:
             )
         except PlacementError as exc:
             raise MetadataError(INVALID_ARGUMENT, str(exc)) from exc
-        await self.raft.propose(
-            "create_stream", name=name, subject=subject, group=group, created=time.time_ns(),
-            settings=settings, replicas=replicas,
-        )
+        await self.raft.propose(CreateStream(
+            name=name, subject=subject, group=group, created=time.time_ns(), settings=settings, replicas=replicas,
+        ))
 
     async def _report_leader(
         self, stream: str, partition: int, leader: str, leader_epoch: int, reporter: str,
@@ -229,10 +236,9 @@ class MetadataService:
         )
         if coordinator is None:
             raise MetadataError(FAILED_PRECONDITION, "No group coordinator candidates")
-        await self.raft.propose(
-            "join_consumer_group", group=group, consumer=consumer, streams=sorted(set(streams)),
-            coordinator=coordinator,
-        )
+        await self.raft.propose(JoinConsumerGroup(
+            group=group, consumer=consumer, streams=sorted(set(streams)), coordinator=coordinator,
+        ))
 
     async def _report_group_coordinator(self, group: str, consumer: str, coordinator: str, epoch: int) -> None:
         """Liftbridge's coordinator failover: once more than half of the members reported the current
@@ -257,9 +263,9 @@ class MetadataService:
             raise MetadataError(FAILED_PRECONDITION, "No group coordinator candidates")
         log.info("consumer group %s: coordinator %s reported failed (epoch %d), moving to %s",
                  group, coordinator, epoch, successor)
-        await self.raft.propose(
-            "change_group_coordinator", group=group, coordinator=successor, previous=coordinator, epoch=epoch,
-        )
+        await self.raft.propose(ChangeGroupCoordinator(
+            group=group, coordinator=successor, previous=coordinator, epoch=epoch,
+        ))
 
     def _view(self, stream: str, partition: int) -> PartitionView:
         view = _partition_view(self.raft.state.partition(stream, partition))
@@ -269,10 +275,10 @@ class MetadataService:
         return view
 
     async def _propose_election(self, stream: str, partition: int, decision: Elect) -> None:
-        await self.raft.propose(
-            "change_leader", name=stream, partition=partition, leader=decision.leader,
-            leader_epoch=decision.leader_epoch, epoch=decision.epoch, isr=list(decision.isr),
-        )
+        await self.raft.propose(ChangeLeader(
+            name=stream, partition=partition, leader=decision.leader, leader_epoch=decision.leader_epoch,
+            epoch=decision.epoch, isr=list(decision.isr),
+        ))
         self._elections.elected((stream, partition), decision.leader_epoch + 1, self.clock())
 
     async def _on_join(self, msg: Msg) -> None:

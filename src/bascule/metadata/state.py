@@ -19,6 +19,22 @@ from typing import Any
 from bascule.metadata import groups as group_rules
 from bascule.metadata.election import IsrChangeKind, validate_isr_change
 from bascule.metadata.groups import ConsumerGroup
+from bascule.wire.commands import (
+    ActivityPublished,
+    ChangeGroupCoordinator,
+    ChangeIsr,
+    ChangeLeader,
+    Command,
+    CreateStream,
+    DeleteStream,
+    JoinConsumerGroup,
+    LeaveConsumerGroup,
+    MarkUnclean,
+    Pause,
+    RegisterBroker,
+    Resume,
+    SetReadonly,
+)
 
 # Result codes, named as the gRPC status codes the API maps them to.
 NOT_FOUND = "NOT_FOUND"
@@ -104,13 +120,13 @@ class MetadataState:
     activity_dropped: int = 0  # events dropped unpublished (MAX_PENDING_ACTIVITY)
     groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
 
-    def apply(self, command: dict[str, Any]) -> Change:
+    def apply(self, command: Command) -> Change:
         """The state after ``command``, and its result; a refused command changes nothing but
         the version."""
-        handler: Callable[[dict[str, Any]], Change] = getattr(self, "_" + command["op"])
-        state, result = handler(command)
-        if result is None and command["op"] in _ACTIVITY_OPS:
-            state = state._with_activity(command)
+        state, result = _RULES[command.OP](self, command)
+        event = _activity_event(self.activity_ids + 1, command) if result is None else None
+        if event is not None:
+            state = state._with_event(event)
         return replace(state, version=self.version + 1), result
 
     def partition(self, stream: str, partition: int) -> Partition | None:
@@ -184,10 +200,10 @@ class MetadataState:
 
     # ---- rules -------------------------------------------------------------------------------
 
-    def _register_broker(self, c: dict[str, Any]) -> Change:
-        broker = Broker(c["id"], c["host"], c["port"], c["raft"], c.get("incarnation", ""))
+    def _register_broker(self, c: RegisterBroker) -> Change:
+        broker = Broker(c.id, c.host, c.port, c.raft, c.incarnation or "")
         state = replace(self, brokers={**self.brokers, broker.id: broker})
-        if not c.get("unclean", False) or broker.incarnation == self._incarnation(broker.id):
+        if not c.unclean or broker.incarnation == self._incarnation(broker.id):
             return state, None
         for stream in self.streams.values():
             changed = [
@@ -197,8 +213,8 @@ class MetadataState:
             state = state._with_partitions(stream.name, changed)
         return state, None
 
-    def _create_stream(self, c: dict[str, Any]) -> Change:
-        name = c["name"]
+    def _create_stream(self, c: CreateStream) -> Change:
+        name = c.name
         if name in self.streams:
             return self, (ALREADY_EXISTS, "stream already exists")
         partitions = {
@@ -206,159 +222,142 @@ class MetadataState:
                 stream=name, id=index, replicas=tuple(replicas), leader=replicas[0], isr=tuple(replicas),
                 leader_incarnation=self._incarnation(replicas[0]),
             )
-            for index, replicas in enumerate(c["replicas"])
+            for index, replicas in enumerate(c.replicas)
         }
-        stream = Stream(name, c["subject"], c["group"], c["created"], dict(c["settings"]), partitions)
+        stream = Stream(name, c.subject, c.group, c.created, dict(c.settings), partitions)
         return replace(self, streams={**self.streams, name: stream}), None
 
-    def _delete_stream(self, c: dict[str, Any]) -> Change:
-        if c["name"] not in self.streams:
+    def _delete_stream(self, c: DeleteStream) -> Change:
+        if c.name not in self.streams:
             return self, (NOT_FOUND, "stream does not exist")
-        state = replace(self, streams={k: s for k, s in self.streams.items() if k != c["name"]})
-        return state._without_group_stream(c["name"]), None
+        state = replace(self, streams={k: s for k, s in self.streams.items() if k != c.name})
+        return state._without_group_stream(c.name), None
 
-    def _pause(self, c: dict[str, Any]) -> Change:
-        found = self._select(c["name"], c["partitions"])
+    def _pause(self, c: Pause) -> Change:
+        found = self._select(c.name, c.partitions)
         if isinstance(found, tuple):
             return self, found
-        changed = [replace(p, paused=True, paused_at=c["at"], epoch=p.epoch + 1) for p in found if not p.paused]
-        state = self._with_partitions(c["name"], changed)
-        if c["resume_all"]:
+        changed = [replace(p, paused=True, paused_at=c.at, epoch=p.epoch + 1) for p in found if not p.paused]
+        state = self._with_partitions(c.name, changed)
+        if c.resume_all:
             # Liftbridge: with resumeAll, one publish to any partition resumes them all.
-            stream = state.streams[c["name"]]
+            stream = state.streams[c.name]
             state = state._with_stream(replace(stream, settings={**stream.settings, "resume_all": True}))
         return state, None
 
-    def _resume(self, c: dict[str, Any]) -> Change:
-        stream = self.streams.get(c["name"])
-        if stream is None or c["partition"] not in stream.partitions:
+    def _resume(self, c: Resume) -> Change:
+        stream = self.streams.get(c.name)
+        if stream is None or c.partition not in stream.partitions:
             return self, (NOT_FOUND, "no such partition")
         resume_all = stream.settings.get("resume_all", False)
-        targets = stream.partitions.values() if resume_all else [stream.partitions[c["partition"]]]
+        targets = stream.partitions.values() if resume_all else [stream.partitions[c.partition]]
         if resume_all:
             stream = replace(stream, settings={k: v for k, v in stream.settings.items() if k != "resume_all"})
         changed = [replace(p, paused=False, epoch=p.epoch + 1) for p in targets if p.paused]
         return self._with_stream(stream)._with_partitions(stream.name, changed), None
 
-    def _set_readonly(self, c: dict[str, Any]) -> Change:
-        found = self._select(c["name"], c["partitions"])
+    def _set_readonly(self, c: SetReadonly) -> Change:
+        found = self._select(c.name, c.partitions)
         if isinstance(found, tuple):
             return self, found
         changed = [
-            replace(p, readonly=c["readonly"], readonly_at=c["at"], epoch=p.epoch + 1)
-            for p in found if p.readonly != c["readonly"]
+            replace(p, readonly=c.readonly, readonly_at=c.at, epoch=p.epoch + 1)
+            for p in found if p.readonly != c.readonly
         ]
-        return self._with_partitions(c["name"], changed), None
+        return self._with_partitions(c.name, changed), None
 
-    def _change_leader(self, c: dict[str, Any]) -> Change:
-        p = self.partition(c["name"], c["partition"])
+    def _change_leader(self, c: ChangeLeader) -> Change:
+        p = self.partition(c.name, c.partition)
         if p is None:
             return self, (NOT_FOUND, "no such partition")
-        if c["leader_epoch"] != p.leader_epoch:
-            return self, (FAILED_PRECONDITION, f"stale leader epoch {c['leader_epoch']}, current {p.leader_epoch}")
-        if c.get("epoch", p.epoch) != p.epoch:
-            return self, (FAILED_PRECONDITION, f"stale partition epoch {c['epoch']}, current {p.epoch}")
-        if c["leader"] not in p.isr:
-            return self, (FAILED_PRECONDITION, f"{c['leader']} is not in the ISR")
+        if c.leader_epoch != p.leader_epoch:
+            return self, (FAILED_PRECONDITION, f"stale leader epoch {c.leader_epoch}, current {p.leader_epoch}")
+        if c.epoch is not None and c.epoch != p.epoch:
+            return self, (FAILED_PRECONDITION, f"stale partition epoch {c.epoch}, current {p.epoch}")
+        if c.leader not in p.isr:
+            return self, (FAILED_PRECONDITION, f"{c.leader} is not in the ISR")
         # The new leader's log is the partition's from now on: it has nothing to catch up with.
         changed = replace(
-            p, leader=c["leader"], leader_incarnation=self._incarnation(c["leader"]),
-            isr=tuple(r for r in p.replicas if r in c["isr"]), leader_epoch=p.leader_epoch + 1, epoch=p.epoch + 1,
-            unclean=tuple(r for r in p.unclean if r in c["isr"] and r != c["leader"]),
+            p, leader=c.leader, leader_incarnation=self._incarnation(c.leader),
+            isr=tuple(r for r in p.replicas if r in c.isr), leader_epoch=p.leader_epoch + 1, epoch=p.epoch + 1,
+            unclean=tuple(r for r in p.unclean if r in c.isr and r != c.leader),
         )
-        return self._with_partitions(c["name"], [changed]), None
+        return self._with_partitions(c.name, [changed]), None
 
-    def _change_isr(self, c: dict[str, Any]) -> Change:
-        p = self.partition(c["name"], c["partition"])
+    def _change_isr(self, c: ChangeIsr) -> Change:
+        p = self.partition(c.name, c.partition)
         if p is None:
             return self, (NOT_FOUND, "no such partition")
         decision = validate_isr_change(
-            IsrChangeKind.EXPAND if c["add"] else IsrChangeKind.SHRINK,
-            c["replica"], c["leader"], c["leader_epoch"],
+            IsrChangeKind.EXPAND if c.add else IsrChangeKind.SHRINK,
+            c.replica, c.leader, c.leader_epoch,
             leader=p.leader, epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr,
-            request_partition_epoch=c.get("epoch"), partition_epoch=p.epoch, unclean=p.unclean,
+            request_partition_epoch=c.epoch, partition_epoch=p.epoch, unclean=p.unclean,
         )
         if not decision.accepted:
             return self, (FAILED_PRECONDITION, f"ISR change refused: {decision.reason}")
         # Either way the replica is no longer unclean: it left the ISR, or it caught up.
         changed = replace(
             p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1,
-            unclean=tuple(r for r in p.unclean if r != c["replica"]),
+            unclean=tuple(r for r in p.unclean if r != c.replica),
         )
-        return self._with_partitions(c["name"], [changed]), None
+        return self._with_partitions(c.name, [changed]), None
 
-    def _mark_unclean(self, c: dict[str, Any]) -> Change:
+    def _mark_unclean(self, c: MarkUnclean) -> Change:
         """A replica's own report that its log may have lost entries (its fsync failed): as an
         unclean restart does, it makes an ISR member unelectable until it has caught up."""
-        p = self.partition(c["name"], c["partition"])
+        p = self.partition(c.name, c.partition)
         if p is None:
             return self, (NOT_FOUND, "no such partition")
-        if c["replica"] not in p.isr or c["replica"] in p.unclean:
+        if c.replica not in p.isr or c.replica in p.unclean:
             return self, None
-        return self._with_partitions(c["name"], [_marked_unclean(p, c["replica"])]), None
+        return self._with_partitions(c.name, [_marked_unclean(p, c.replica)]), None
 
-    def _join_consumer_group(self, c: dict[str, Any]) -> Change:
+    def _join_consumer_group(self, c: JoinConsumerGroup) -> Change:
         """Liftbridge: a join creates the group when it does not exist (with the coordinator the
         metadata leader chose); joining an existing group moves its epoch and rebalances. A new
         group's epoch is the metadata version too, not Liftbridge's 0: a group deleted and created
         again never repeats an epoch, so a reader of the old one cannot pass for a member of the new."""
-        missing = [s for s in c["streams"] if s not in self.streams]
+        missing = [s for s in c.streams if s not in self.streams]
         if missing:
             return self, (FAILED_PRECONDITION, "stream does not exist")
-        member = {c["consumer"]: tuple(sorted(c["streams"]))}
-        group = self.groups.get(c["group"])
+        member = {c.consumer: tuple(sorted(c.streams))}
+        group = self.groups.get(c.group)
         if group is None:
-            return self._with_group(ConsumerGroup(c["group"], c["coordinator"], self._next_epoch(), member)), None
-        if c["consumer"] in group.members:
+            return self._with_group(ConsumerGroup(c.group, c.coordinator, self._next_epoch(), member)), None
+        if c.consumer in group.members:
             return self, (FAILED_PRECONDITION, group_rules.ALREADY_MEMBER)
         return self._with_group(
             replace(group, epoch=self._next_epoch(), members={**group.members, **member})
         ), None
 
-    def _leave_consumer_group(self, c: dict[str, Any]) -> Change:
-        group = self.groups.get(c["group"])
+    def _leave_consumer_group(self, c: LeaveConsumerGroup) -> Change:
+        group = self.groups.get(c.group)
         if group is None:
             return self, (NOT_FOUND, group_rules.GROUP_NOT_FOUND)
-        if c["consumer"] not in group.members:
+        if c.consumer not in group.members:
             return self, (FAILED_PRECONDITION, group_rules.NOT_MEMBER)
-        members = {k: v for k, v in group.members.items() if k != c["consumer"]}
+        members = {k: v for k, v in group.members.items() if k != c.consumer}
         if not members:  # Liftbridge deletes a group with its last member
             return replace(self, groups={k: g for k, g in self.groups.items() if k != group.id}), None
         return self._with_group(replace(group, epoch=self._next_epoch(), members=members)), None
 
-    def _change_group_coordinator(self, c: dict[str, Any]) -> Change:
+    def _change_group_coordinator(self, c: ChangeGroupCoordinator) -> Change:
         """Conditional on the coordinator and epoch the metadata leader decided on, so a decision
         taken on a group that changed meanwhile is refused, not applied to the new one."""
-        group = self.groups.get(c["group"])
+        group = self.groups.get(c.group)
         if group is None:
             return self, (NOT_FOUND, group_rules.GROUP_NOT_FOUND)
-        if (group.coordinator, group.epoch) != (c["previous"], c["epoch"]):
+        if (group.coordinator, group.epoch) != (c.previous, c.epoch):
             return self, (FAILED_PRECONDITION,
                           f"Coordinator generation mismatch, current coordinator: {group.coordinator} "
-                          f"epoch: {group.epoch}, got coordinator: {c['previous']} epoch: {c['epoch']}")
-        return self._with_group(replace(group, coordinator=c["coordinator"], epoch=self._next_epoch())), None
+                          f"epoch: {group.epoch}, got coordinator: {c.previous} epoch: {c.epoch}")
+        return self._with_group(replace(group, coordinator=c.coordinator, epoch=self._next_epoch())), None
 
-    def _activity_published(self, c: dict[str, Any]) -> Change:
-        return replace(self, activity=tuple(e for e in self.activity if e.id > c["id"])), None
+    def _activity_published(self, c: ActivityPublished) -> Change:
+        return replace(self, activity=tuple(e for e in self.activity if e.id > c.id)), None
 
     # ---- helpers -----------------------------------------------------------------------------
-
-    def _with_activity(self, c: dict[str, Any]) -> MetadataState:
-        op = c["op"]
-        if op in ("join_consumer_group", "leave_consumer_group"):
-            return self._with_event(ActivityEvent(
-                self.activity_ids + 1, op, group=c["group"], consumer=c["consumer"],
-                streams=tuple(c.get("streams", ())), expired=c.get("expired", False),
-            ))
-        if op == "create_stream":
-            partitions: tuple[int, ...] = tuple(range(len(c["replicas"])))
-        elif op == "resume":
-            partitions = (c["partition"],)
-        else:
-            partitions = tuple(c.get("partitions", ()))
-        return self._with_event(ActivityEvent(
-            self.activity_ids + 1, op, c["name"], partitions, c.get("resume_all", False), c.get("readonly", False)
-        ))
 
     def _with_event(self, event: ActivityEvent) -> MetadataState:
         pending = (*self.activity, event)
@@ -409,9 +408,42 @@ class MetadataState:
         return self._with_stream(replace(stream, partitions=partitions))
 
 
-_ACTIVITY_OPS = frozenset({
-    "create_stream", "delete_stream", "pause", "resume", "set_readonly", "join_consumer_group", "leave_consumer_group",
-})
+# op -> the rule that applies it.
+_RULES: dict[str, Callable[[MetadataState, Any], Change]] = {
+    RegisterBroker.OP: MetadataState._register_broker,
+    CreateStream.OP: MetadataState._create_stream,
+    DeleteStream.OP: MetadataState._delete_stream,
+    Pause.OP: MetadataState._pause,
+    Resume.OP: MetadataState._resume,
+    SetReadonly.OP: MetadataState._set_readonly,
+    ChangeLeader.OP: MetadataState._change_leader,
+    ChangeIsr.OP: MetadataState._change_isr,
+    ActivityPublished.OP: MetadataState._activity_published,
+    MarkUnclean.OP: MetadataState._mark_unclean,
+    JoinConsumerGroup.OP: MetadataState._join_consumer_group,
+    LeaveConsumerGroup.OP: MetadataState._leave_consumer_group,
+    ChangeGroupCoordinator.OP: MetadataState._change_group_coordinator,
+}
+
+
+def _activity_event(number: int, c: Command) -> ActivityEvent | None:
+    """The activity stream's event for an applied command, if it is one Liftbridge publishes."""
+    match c:
+        case CreateStream():
+            return ActivityEvent(number, c.OP, c.name, tuple(range(len(c.replicas))))
+        case DeleteStream():
+            return ActivityEvent(number, c.OP, c.name)
+        case Pause():
+            return ActivityEvent(number, c.OP, c.name, tuple(c.partitions), resume_all=c.resume_all)
+        case Resume():
+            return ActivityEvent(number, c.OP, c.name, (c.partition,))
+        case SetReadonly():
+            return ActivityEvent(number, c.OP, c.name, tuple(c.partitions), readonly=c.readonly)
+        case JoinConsumerGroup():
+            return ActivityEvent(number, c.OP, group=c.group, consumer=c.consumer, streams=tuple(c.streams))
+        case LeaveConsumerGroup():
+            return ActivityEvent(number, c.OP, group=c.group, consumer=c.consumer, expired=c.expired)
+    return None
 
 
 def _marked_unclean(partition: Partition, replica: str) -> Partition:

@@ -1,4 +1,5 @@
-"""Metadata Raft commands: msgpack maps with an ``op`` and typed fields.
+"""Metadata Raft commands: a frozen dataclass per command, journaled as a msgpack map of its ``op``
+and fields.
 
 Commands are the only thing the Raft journal holds, so every field is checked in full (type,
 range, names, subjects, groups, settings) on both sides: a proposer cannot journal a malformed
@@ -8,8 +9,10 @@ refused the same way on every node instead of raising inside the state machine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import msgpack
 
@@ -105,44 +108,161 @@ def _replica_sets(value: Any) -> str | None:
     return problem
 
 
-# op -> {field: check}; every field is required.
-SCHEMAS: dict[str, dict[str, Check]] = {
-    "register_broker": {
-        "id": _BROKER, "host": _string(_any_string), "port": _integer(0, 65535), "raft": _string(_any_string),
-    },
-    "create_stream": {
-        "name": _NAME,
-        "subject": _string(subject_error),
-        "group": _string(group_error),
-        "created": _TIMESTAMP,
-        "settings": settings_error,
-        "replicas": _replica_sets,
-    },
-    "delete_stream": {"name": _NAME},
-    "pause": {"name": _NAME, "partitions": _list_of(_PARTITION, MAX_PARTITIONS), "resume_all": _boolean,
-              "at": _TIMESTAMP},
-    "resume": {"name": _NAME, "partition": _PARTITION},
-    "set_readonly": {"name": _NAME, "partitions": _list_of(_PARTITION, MAX_PARTITIONS), "readonly": _boolean,
-                     "at": _TIMESTAMP},
-    "change_leader": {"name": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH,
-                      "isr": _ISR},
-    "change_isr": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER, "add": _boolean,
-                   "leader": _BROKER, "leader_epoch": _EPOCH},
-    "activity_published": {"id": _integer(0, _MAX_INT64)},
-    "mark_unclean": {"name": _NAME, "partition": _PARTITION, "replica": _BROKER},
-    # The coordinator is the metadata leader's choice, used when the join creates the group.
-    "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams, "coordinator": _BROKER},
-    "leave_consumer_group": {**_GROUP_MEMBER, "expired": _boolean},
-    "change_group_coordinator": {"group": _GROUP_ID, "coordinator": _BROKER, "previous": _BROKER, "epoch": _EPOCH},
+_CHECK = "check"
+_OPTIONAL = "optional"
+
+
+def _required(check: Check) -> Any:
+    return dataclasses.field(metadata={_CHECK: check})
+
+
+def _optional(check: Check) -> Any:
+    """A field that journals written before it existed lack: None when absent, and then left out of
+    the encoding, so that an old command encodes again as it was journaled."""
+    return dataclasses.field(default=None, metadata={_CHECK: check, _OPTIONAL: True})
+
+
+# One class per command. Fields are in the order the proposers have always put them, so that a
+# command encodes to the bytes earlier versions journaled.
+@dataclass(frozen=True, kw_only=True)
+class RegisterBroker:
+    OP: ClassVar[str] = "register_broker"
+    id: str = _required(_BROKER)
+    host: str = _required(_string(_any_string))
+    port: int = _required(_integer(0, 65535))
+    raft: str = _required(_string(_any_string))
+    incarnation: str | None = _optional(_string(_any_string))
+    unclean: bool | None = _optional(_boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateStream:
+    OP: ClassVar[str] = "create_stream"
+    name: str = _required(_NAME)
+    subject: str = _required(_string(subject_error))
+    group: str = _required(_string(group_error))
+    created: int = _required(_TIMESTAMP)
+    settings: dict[str, Any] = _required(settings_error)
+    replicas: list[list[str]] = _required(_replica_sets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeleteStream:
+    OP: ClassVar[str] = "delete_stream"
+    name: str = _required(_NAME)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pause:
+    OP: ClassVar[str] = "pause"
+    name: str = _required(_NAME)
+    partitions: list[int] = _required(_list_of(_PARTITION, MAX_PARTITIONS))
+    resume_all: bool = _required(_boolean)
+    at: int = _required(_TIMESTAMP)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume:
+    OP: ClassVar[str] = "resume"
+    name: str = _required(_NAME)
+    partition: int = _required(_PARTITION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetReadonly:
+    OP: ClassVar[str] = "set_readonly"
+    name: str = _required(_NAME)
+    partitions: list[int] = _required(_list_of(_PARTITION, MAX_PARTITIONS))
+    readonly: bool = _required(_boolean)
+    at: int = _required(_TIMESTAMP)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeLeader:
+    OP: ClassVar[str] = "change_leader"
+    name: str = _required(_NAME)
+    partition: int = _required(_PARTITION)
+    leader: str = _required(_BROKER)
+    leader_epoch: int = _required(_EPOCH)
+    epoch: int | None = _optional(_EPOCH)
+    isr: list[str] = _required(_ISR)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeIsr:
+    OP: ClassVar[str] = "change_isr"
+    name: str = _required(_NAME)
+    partition: int = _required(_PARTITION)
+    replica: str = _required(_BROKER)
+    add: bool = _required(_boolean)
+    leader: str = _required(_BROKER)
+    leader_epoch: int = _required(_EPOCH)
+    epoch: int | None = _optional(_EPOCH)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivityPublished:
+    OP: ClassVar[str] = "activity_published"
+    id: int = _required(_integer(0, _MAX_INT64))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkUnclean:
+    OP: ClassVar[str] = "mark_unclean"
+    name: str = _required(_NAME)
+    partition: int = _required(_PARTITION)
+    replica: str = _required(_BROKER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JoinConsumerGroup:
+    OP: ClassVar[str] = "join_consumer_group"
+    group: str = _required(_GROUP_ID)
+    consumer: str = _required(_CONSUMER_ID)
+    streams: list[str] = _required(_group_streams)
+    # The metadata leader's choice, used when the join creates the group.
+    coordinator: str = _required(_BROKER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaveConsumerGroup:
+    OP: ClassVar[str] = "leave_consumer_group"
+    group: str = _required(_GROUP_ID)
+    consumer: str = _required(_CONSUMER_ID)
+    expired: bool = _required(_boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeGroupCoordinator:
+    OP: ClassVar[str] = "change_group_coordinator"
+    group: str = _required(_GROUP_ID)
+    coordinator: str = _required(_BROKER)
+    previous: str = _required(_BROKER)
+    epoch: int = _required(_EPOCH)
+
+
+Command = (
+    RegisterBroker | CreateStream | DeleteStream | Pause | Resume | SetReadonly | ChangeLeader | ChangeIsr
+    | ActivityPublished | MarkUnclean | JoinConsumerGroup | LeaveConsumerGroup | ChangeGroupCoordinator
+)
+
+COMMANDS: dict[str, type[Command]] = {
+    kind.OP: kind for kind in (
+        RegisterBroker, CreateStream, DeleteStream, Pause, Resume, SetReadonly, ChangeLeader, ChangeIsr,
+        ActivityPublished, MarkUnclean, JoinConsumerGroup, LeaveConsumerGroup, ChangeGroupCoordinator,
+    )
 }
 
 
-# op -> {field: check} of fields that may be absent (journals written before they existed).
-OPTIONAL: dict[str, dict[str, Check]] = {
-    "register_broker": {"incarnation": _string(_any_string), "unclean": _boolean},
-    "change_leader": {"epoch": _EPOCH},
-    "change_isr": {"epoch": _EPOCH},
-}
+def _checks(kind: type[Command], optional: bool) -> dict[str, Check]:
+    return {
+        f.name: f.metadata[_CHECK] for f in dataclasses.fields(kind) if f.metadata.get(_OPTIONAL, False) == optional
+    }
+
+
+# op -> {field: check} of the fields every command has, and of those it may lack.
+SCHEMAS: dict[str, dict[str, Check]] = {op: _checks(kind, optional=False) for op, kind in COMMANDS.items()}
+OPTIONAL: dict[str, dict[str, Check]] = {op: _checks(kind, optional=True) for op, kind in COMMANDS.items()}
 
 
 _POSITION = {"last_epoch": _integer(-1, _MAX_INT64), "log_end_offset": _integer(0, _MAX_INT64)}
@@ -174,19 +294,26 @@ class CommandError(ValueError):
     """A command that does not match its schema."""
 
 
-def encode_command(op: str, **fields: Any) -> bytes:
-    command = {"op": op, **fields}
-    validate(command)
-    return msgpack.packb(command, use_bin_type=True)
+def encode_command(command: Command) -> bytes:
+    """The command's msgpack map: its ``op``, then its fields in order, absent optional ones left out."""
+    fields_given = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
+    wire = {"op": command.OP, **{name: value for name, value in fields_given.items() if value is not None}}
+    validate(wire)
+    return msgpack.packb(wire, use_bin_type=True)
 
 
-def decode_command(data: bytes) -> dict[str, Any]:
+def decode_command(data: bytes) -> Command:
     try:
-        command = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        wire = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CommandError(f"undecodable command: {exc}") from exc
-    validate(command)
-    return command
+    return command_from_map(wire)
+
+
+def command_from_map(wire: Any) -> Command:
+    """The typed command of a wire map (``op`` and fields), checked in full."""
+    validate(wire)
+    return COMMANDS[wire["op"]](**{name: value for name, value in wire.items() if name != "op"})
 
 
 def validate(command: Any) -> None:
@@ -195,7 +322,7 @@ def validate(command: Any) -> None:
     op = command.get("op")
     if not isinstance(op, str) or (schema := SCHEMAS.get(op)) is None:
         raise CommandError(f"unknown command op {op!r}")
-    _check_fields(op, command, schema, OPTIONAL.get(op, {}))
+    _check_fields(op, command, schema, OPTIONAL[op])
 
 
 def validate_request(op: Any, args: Any) -> None:
