@@ -2,13 +2,13 @@
 that asks no replica (the metadata and the replicas' reports are stand-ins: no node, no NATS)."""
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 from bascule.api.admin import Admin
+from bascule.config import Config
 from bascule.metadata.state import Partition, Stream
-from bascule.wire.names import CURSORS_STREAM
 from bascule.wire.pb import admin_pb2
-from bascule.wire.settings import compacted
 
 
 def stream(name: str, **settings) -> Stream:
@@ -28,17 +28,12 @@ class Queries:
 def partitions(compact_enabled: bool, metadata_only: bool) -> tuple[list[admin_pb2.PartitionStatus], int]:
     streams = [stream("on", compact_enabled=True), stream("off", compact_enabled=False), stream("unset")]
     state = SimpleNamespace(streams={s.name: s for s in streams})
-    cluster = SimpleNamespace(state=state, compact_enabled=compact_enabled)
+    defaults = replace(Config().stream_defaults, compact_enabled=compact_enabled)
+    cluster = SimpleNamespace(state=state, stream_defaults=defaults)
     queries = Queries()
     request = admin_pb2.PartitionsRequest(metadataOnly=metadata_only)
     response = asyncio.run(Admin(cluster, queries).Partitions(request, None))
     return list(response.partitions), queries.asked
-
-
-def test_a_stream_is_compacted_as_its_own_setting_says_else_as_the_node_default():
-    assert compacted("s", {"compact_enabled": True}, False) and compacted("s", {}, True)
-    assert not compacted("s", {"compact_enabled": False}, True) and not compacted("s", {}, False)
-    assert compacted(CURSORS_STREAM, {}, False)  # the cleaner always compacts the cursors
 
 
 def test_partitions_say_which_streams_are_compacted():

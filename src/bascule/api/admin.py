@@ -12,7 +12,7 @@ import logging
 
 from bascule.api.ports import Cluster, ClusterQueries
 from bascule.wire.pb import admin_pb2
-from bascule.wire.settings import compacted
+from bascule.wire.settings import effective_settings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Admin:
         partitions = [
             (
                 p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly,
-                compacted(st.name, st.settings, self.cluster.compact_enabled), list(p.unclean),
+                effective_settings(st.name, st.settings, self.cluster.stream_defaults).compacted, list(p.unclean),
             )
             for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream
             for p in st.partitions.values()

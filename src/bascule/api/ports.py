@@ -11,6 +11,7 @@ from bascule.partition.replication.concurrency import NO_EXPECTATION
 from bascule.wire.capture import BurstOutcome
 from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
+from bascule.wire.settings import StreamDefaults
 
 # "stream/partition" -> (log end offset, HW, epoch of the last entry)
 ReplicaReport = dict[str, tuple[int, int, int]]
@@ -51,8 +52,8 @@ class Cluster(Protocol):
         ...
 
     @property
-    def compact_enabled(self) -> bool:
-        """streams.compact.enabled: whether a stream that does not set compactEnabled is compacted."""
+    def stream_defaults(self) -> StreamDefaults:
+        """What a stream that leaves a setting unset gets on this node."""
         ...
 
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:

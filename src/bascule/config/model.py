@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from bascule.config.values import HOUR, MINUTE, WILDCARD_HOSTS, MiB, join_host_port
 from bascule.natsio.auth import NatsAuth
+from bascule.wire.settings import StreamDefaults
 
 DEFAULT_NAMESPACE = "liftbridge-default"
 DEFAULT_PORT = 9292
@@ -136,6 +137,18 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     # Liftbridge settings that were given but have no effect in bascule, for the node to warn about.
     ignored_settings: tuple[str, ...] = ()
+
+    @property
+    def stream_defaults(self) -> StreamDefaults:
+        streams = self.streams
+        return StreamDefaults(
+            segment_max_bytes=streams.segment_max_bytes, segment_max_age=streams.segment_max_age,
+            retention_max_bytes=streams.retention_max_bytes, retention_max_messages=streams.retention_max_messages,
+            retention_max_age=streams.retention_max_age, cleaner_interval=streams.cleaner_interval,
+            compact_enabled=streams.compact_enabled, auto_pause_time=streams.auto_pause_time,
+            auto_pause_disable_if_subscribers=streams.auto_pause_disable_if_subscribers,
+            min_isr=self.clustering.min_insync_replicas, cursors_auto_pause_time=self.cursors.stream_auto_pause_time,
+        )
 
     @property
     def listen_address(self) -> str:

@@ -19,8 +19,7 @@ from bascule.node.partitions import LocalPartition, Partitions
 from bascule.node.tasks import Tasks
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest
-from bascule.wire.names import CURSORS_STREAM
-from bascule.wire.settings import compacted
+from bascule.wire.settings import EffectiveSettings, effective_settings
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +93,15 @@ class Maintenance:
                 log.exception("%s/%s: compaction failed", stream_name, partition)
 
     def _cleaner_interval(self, stream_name: str) -> float:
-        stream = self.raft.state.streams.get(stream_name)
-        interval = stream.settings.get("cleaner_interval") if stream is not None else None
-        return interval or self.config.streams.cleaner_interval  # Liftbridge's 0 is the default, as absent
+        return self._settings(stream_name).cleaner_interval
 
     def _compacts(self, stream_name: str) -> bool:
+        return self._settings(stream_name).compacted
+
+    def _settings(self, stream_name: str) -> EffectiveSettings:
         stream = self.raft.state.streams.get(stream_name)
-        settings = stream.settings if stream is not None else {}
-        return compacted(stream_name, settings, self.config.streams.compact_enabled)
+        return effective_settings(stream_name, stream.settings if stream is not None else {},
+                                  self.config.stream_defaults)
 
     async def _sync_partitions(self) -> None:
         for local in self.partitions.all():
@@ -183,24 +183,12 @@ class Maintenance:
             replica = local.replica
             if not replica.is_leader or replica.paused or local.pause_requested:
                 continue
-            pause_after, unless_subscribed = self._auto_pause_settings(stream_name)
+            settings = self._settings(stream_name)
+            pause_after, unless_subscribed = settings.auto_pause_time, settings.auto_pause_unless_subscribed
             if not pause_after or replica.idle_for() < pause_after or (unless_subscribed and replica.readers):
                 continue
             local.pause_requested = True
             self.tasks.spawn(self._pause_idle(local, stream_name, partition), "auto-pause")
-
-    def _auto_pause_settings(self, stream_name: str) -> tuple[float, bool]:
-        if stream_name == CURSORS_STREAM:
-            # As Liftbridge: the server's setting wins over the stream's, so that changing it takes
-            # effect at the next start; and never while a cursor partition is read.
-            return self.config.cursors.stream_auto_pause_time, True
-        stream = self.raft.state.streams.get(stream_name)
-        settings = stream.settings if stream is not None else {}
-        defaults = self.config.streams
-        return (
-            settings.get("auto_pause_time", defaults.auto_pause_time),
-            settings.get("auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
-        )
 
     async def _pause_idle(self, local: LocalPartition, stream_name: str, partition: int) -> None:
         log.info("%s/%s: no messages for its auto-pause time, pausing", stream_name, partition)

@@ -43,6 +43,7 @@ from bascule.partition.encryption import SETTING as ENCRYPTION
 from bascule.partition.encryption import MasterKey, precondition_failure
 from bascule.wire.names import CURSORS_STREAM, stream_name_error, subject_error
 from bascule.wire.seal import Sealer, derive_key
+from bascule.wire.settings import StreamDefaults
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -398,8 +399,8 @@ class Node:
         return self.config.groups.consumer_timeout, self.config.groups.coordinator_timeout
 
     @property
-    def compact_enabled(self) -> bool:
-        return self.config.streams.compact_enabled
+    def stream_defaults(self) -> StreamDefaults:
+        return self.config.stream_defaults
 
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
         """Join (creating the group if need be) through the metadata leader; the group's coordinator

@@ -16,7 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -36,6 +35,7 @@ from bascule.partition.replication.concurrency import concurrency_control
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
+from bascule.wire.settings import effective_settings
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ class Partitions:
             await local.follower.stop()
             local.follower = None
         clustering = self.config.clustering
-        min_isr = stream.settings.get("min_isr") or clustering.min_insync_replicas
+        min_isr = effective_settings(stream.name, stream.settings, self.config.stream_defaults).min_isr
         local.replica.become_leader(
             self.server_id, partition.leader_epoch, partition.epoch, list(partition.replicas), list(partition.isr),
             min_isr, clustering.replica_max_lag_time, clustering.replica_max_leader_timeout, partition.unclean,
@@ -352,7 +352,7 @@ class Partitions:
     async def _open(self, stream: Stream, partition: Partition) -> LocalPartition:
         # Opening recovers the log: it may cut a torn tail and fsync, so not on the event loop.
         commit_log = await asyncio.to_thread(
-            CommitLog.open, self._directory(stream, partition.id), self._log_config(stream.settings)
+            CommitLog.open, self._directory(stream, partition.id), self._log_config(stream)
         )
         synced_end = self._recovering.get((stream.name, partition.id))
         if synced_end is not None:
@@ -393,15 +393,12 @@ class Partitions:
         if delete:
             await asyncio.to_thread(_remove_partition_directory, local.replica.log.directory)
 
-    def _log_config(self, settings: Any) -> LogConfig:
-        defaults = self.config.streams
+    def _log_config(self, stream: Stream) -> LogConfig:
+        settings = effective_settings(stream.name, stream.settings, self.config.stream_defaults)
         return LogConfig(
-            segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
-            segment_max_age=settings.get("segment_max_age") or defaults.segment_max_age,
-            # An explicit 0 retention limit is no limit, as in Liftbridge; an absent one the default.
-            retention_max_bytes=settings.get("retention_max_bytes", defaults.retention_max_bytes),
-            retention_max_messages=settings.get("retention_max_messages", defaults.retention_max_messages),
-            retention_max_age=settings.get("retention_max_age", defaults.retention_max_age),
+            segment_max_bytes=settings.segment_max_bytes, segment_max_age=settings.segment_max_age,
+            retention_max_bytes=settings.retention_max_bytes, retention_max_messages=settings.retention_max_messages,
+            retention_max_age=settings.retention_max_age,
         )
 
     # ---- notifications -----------------------------------------------------------------------

@@ -11,6 +11,7 @@ in Liftbridge (an absent one is the cluster default).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from bascule.wire.names import CURSORS_STREAM, MAX_REPLICATION_FACTOR
@@ -75,11 +76,60 @@ def set_on_request(request: Any, settings: dict[str, Any]) -> None:
         field.value = value if setting.api_unit is None else round(value / setting.api_unit)
 
 
-def compacted(stream: str, settings: Mapping[str, Any], server_default: bool) -> bool:
-    """Whether the cleaner compacts a stream's partitions by key: the cursors stream always (its
-    records are the latest position of each cursor), another as its compactEnabled says, else as
-    the server's streams.compact.enabled."""
-    return stream == CURSORS_STREAM or bool(settings.get("compact_enabled", server_default))
+@dataclass(frozen=True)
+class StreamDefaults:
+    """What a node gives the settings a stream leaves unset (its streams.* configuration,
+    clustering.min.insync.replicas and cursors.stream.auto.pause.time)."""
+
+    segment_max_bytes: int
+    segment_max_age: float
+    retention_max_bytes: int
+    retention_max_messages: int
+    retention_max_age: float
+    cleaner_interval: float
+    compact_enabled: bool
+    auto_pause_time: float
+    auto_pause_disable_if_subscribers: bool
+    min_isr: int
+    cursors_auto_pause_time: float
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    """The settings a stream's partitions run with on a node: the stream's own, else the node's."""
+
+    segment_max_bytes: int
+    segment_max_age: float
+    retention_max_bytes: int  # 0: no limit
+    retention_max_messages: int  # 0: no limit
+    retention_max_age: float  # 0: no limit
+    cleaner_interval: float
+    compacted: bool
+    auto_pause_time: float  # 0: never
+    auto_pause_unless_subscribed: bool
+    min_isr: int
+
+
+def effective_settings(stream: str, settings: Mapping[str, Any], defaults: StreamDefaults) -> EffectiveSettings:
+    """Liftbridge's rules: a 0 segment limit, cleaner interval or min ISR is the default, as an
+    absent one, but a 0 retention limit is no limit. The cursors stream is always compacted (its
+    records are the latest position of each cursor) and auto-paused by the server's setting, never
+    while read, so that a changed setting takes effect at the next start."""
+    cursors = stream == CURSORS_STREAM
+    return EffectiveSettings(
+        segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
+        segment_max_age=settings.get("segment_max_age") or defaults.segment_max_age,
+        retention_max_bytes=settings.get("retention_max_bytes", defaults.retention_max_bytes),
+        retention_max_messages=settings.get("retention_max_messages", defaults.retention_max_messages),
+        retention_max_age=settings.get("retention_max_age", defaults.retention_max_age),
+        cleaner_interval=settings.get("cleaner_interval") or defaults.cleaner_interval,
+        compacted=cursors or bool(settings.get("compact_enabled", defaults.compact_enabled)),
+        auto_pause_time=defaults.cursors_auto_pause_time if cursors else settings.get(
+            "auto_pause_time", defaults.auto_pause_time),
+        auto_pause_unless_subscribed=cursors or settings.get(
+            "auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
+        min_isr=settings.get("min_isr") or defaults.min_isr,
+    )
 
 
 def settings_error(settings: Any) -> str | None:
