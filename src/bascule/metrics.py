@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from bascule.h2grpc.status import Status
 from bascule.metadata.state import Partition
 from bascule.node.node import Node
-from bascule.partition.log.fsync_times import fsync_seconds
+from bascule.partition.log import fsync_seconds
 from bascule.partition.replica import PartitionReplica
 
 log = logging.getLogger(__name__)

@@ -137,7 +137,7 @@ class Cursors:
 def _read_forward(index: CursorIndex) -> None:
     """Read the committed records the index has not seen, across the gaps compaction leaves."""
     replica = index.replica
-    index.log_next_offset = max(index.log_next_offset, replica.log.oldest_offset)
+    index.log_next_offset = max(index.log_next_offset, replica.oldest_offset)
     while index.log_next_offset <= replica.high_watermark:
         data, reach = replica.read_committed_through(index.log_next_offset, READ_BYTES)
         if not reach:

@@ -92,7 +92,7 @@ class StreamRPCs:
         )
         if local is not None and not local.replica.closed:
             replica = local.replica
-            hw, newest = replica.high_watermark, replica.log.newest_offset
+            hw, newest = replica.high_watermark, replica.newest_offset
             # Liftbridge's event times: this node's own, since the replica opened here
             for field, times in (("messagesReceivedTimestamps", replica.received),
                                  ("pauseTimestamps", replica.pause_changes),

@@ -81,7 +81,7 @@ class SubscribeRPCs:
     async def Subscribe(self, request, context):
         replica, offset, last, reader = await self._open(request, context, empty_range_is_invalid=True)
         try:
-            if request.reverse and replica.log.high_watermark < 0:  # Liftbridge's reverse reader needs one
+            if request.reverse and replica.high_watermark < 0:  # Liftbridge's reverse reader needs one
                 await context.abort(grpc.StatusCode.INTERNAL, "Failed to create stream reader: segment not found")
             yield api_pb2.Message()  # handshake: clients wait for it before reading
             walk = MessageEncoder(request.stream, request.partition).walk
@@ -165,11 +165,10 @@ class SubscribeRPCs:
         if replica.values is not None and replica.values.problem is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"Partition is encrypted and this server has no valid key: {replica.values.problem}")
-        log = replica.log
-        bounds = positions.LogBounds(log.oldest_offset, log.newest_offset)
+        bounds = positions.LogBounds(replica.oldest_offset, replica.newest_offset)
         try:
-            start = positions.start_offset(request, bounds, log.offset_for_timestamp)
-            last = positions.stop_offset(request, bounds, lambda time: log.offset_for_timestamp(time + 1) - 1)
+            start = positions.start_offset(request, bounds, replica.offset_for_timestamp)
+            last = positions.stop_offset(request, bounds, lambda time: replica.offset_for_timestamp(time + 1) - 1)
             if empty_range_is_invalid:
                 positions.check_range(start, last)
             elif last is not None and start > last:
@@ -200,7 +199,7 @@ async def _committed(
             try:
                 made, count = await _read(replica, offset, max_bytes, last, walk, context)
             except OffsetOutOfRange:
-                offset = replica.log.oldest_offset  # retention removed what we were about to read
+                offset = replica.oldest_offset  # retention removed what we were about to read
                 continue
             if count:
                 offset += count
@@ -226,11 +225,11 @@ async def _reversed(
     """Liftbridge's reverse subscription: the committed messages from ``start`` (the HW at most)
     down to the oldest, newest first, each with its offset, as ``_committed`` yields them (a stop
     offset is never below the start, so only a stop at the start ends it before the oldest)."""
-    cursor = min(start, replica.log.high_watermark)
+    cursor = min(start, replica.high_watermark)
     replica.readers += 1
     try:
-        while cursor >= replica.log.oldest_offset and (displaced is None or not displaced.is_set()):
-            low = max(replica.log.oldest_offset, cursor - REVERSE_CHUNK + 1)
+        while cursor >= replica.oldest_offset and (displaced is None or not displaced.is_set()):
+            low = max(replica.oldest_offset, cursor - REVERSE_CHUNK + 1)
             try:
                 messages = await _forwards(replica, low, cursor, max_bytes, walk, context)
             except OffsetOutOfRange:
@@ -295,5 +294,5 @@ async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio
         await context.abort(grpc.StatusCode.NOT_FOUND, "Partition deleted")
     if replica.paused:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Partition paused")
-    if replica.readonly and offset > replica.log.newest_offset:
+    if replica.readonly and offset > replica.newest_offset:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "End of readonly partition")

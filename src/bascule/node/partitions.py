@@ -29,7 +29,7 @@ from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
-from bascule.partition.log import CommitLog, LogConfig, checkpoint
+from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.concurrency import concurrency_control
 from bascule.wire import envelope
@@ -433,7 +433,7 @@ def _cut_back(commit_log: CommitLog, synced_end: int) -> None:
                     synced_end)
         commit_log.truncate(synced_end)
         commit_log.sync()
-    checkpoint.write_high_watermark(commit_log.directory, commit_log.high_watermark)
+    commit_log.rewrite_high_watermark_checkpoint()
 
 
 def _remove_partition_directory(directory: Path) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from bascule.partition.encryption import EncryptionUnavailable, Values, opening, sealed_records
-from bascule.partition.log import CommitLog, LogFailed
+from bascule.partition.log import LogFailed, PartitionLog
 from bascule.partition.replication.concurrency import NO_EXPECTATION, IncorrectOffset, admitted
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
@@ -89,7 +89,7 @@ class PartitionReplica:
         self,
         stream: str,
         partition: int,
-        commit_log: CommitLog,
+        commit_log: PartitionLog,
         sync_policy: SyncPolicy,
         clock: Callable[[], float],
         notify_followers: Callable[[PartitionReplica, list[str]], None] = lambda *_: None,
@@ -152,6 +152,18 @@ class PartitionReplica:
     @property
     def high_watermark(self) -> int:
         return self.log.high_watermark
+
+    @property
+    def oldest_offset(self) -> int:
+        return self.log.oldest_offset
+
+    @property
+    def newest_offset(self) -> int:
+        return self.log.newest_offset
+
+    def offset_for_timestamp(self, timestamp_ns: int) -> int:
+        """The first offset whose timestamp is at or after ``timestamp_ns``; the log's end if none is."""
+        return self.log.offset_for_timestamp(timestamp_ns)
 
     @property
     def closed(self) -> bool:

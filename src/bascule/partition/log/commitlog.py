@@ -372,6 +372,13 @@ class CommitLog:
         if write is not None:
             write()
 
+    def rewrite_high_watermark_checkpoint(self) -> None:
+        """Write the HW checkpoint, current or not: a durable write, which raises while the disk
+        fails one (a log reopened after a failure proves the disk this way)."""
+        with self._checkpoint_lock:
+            checkpoint.write_high_watermark(self.directory, self._high_watermark)
+            self._checkpointed_high_watermark = self._high_watermark
+
     @property
     def epochs_changed(self) -> bool:
         """Whether the epoch history changed since its checkpoint was last written."""
