@@ -747,6 +747,22 @@ async def test_well_formed_hostile_metadata_requests_are_refused_and_the_cluster
             assert (await client.publish("h", b"still", ack_policy="all")).offset == 0
 
 
+async def test_the_metadata_leader_refuses_a_min_isr_above_the_replication_factor_from_any_node(tmp_path):
+    """The rule is the metadata leader's: a create_stream request sent straight to it (as another
+    node forwards one) is refused as the API's is, and no stream appears."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            nc = await nats.connect(node._embedded.url)
+            internal = _sealed(nc, node)
+            request = {"name": "strict", "subject": "strict", "group": "", "replication_factor": 1, "partitions": 1,
+                       "settings": {"min_isr": 2}}
+            error = await _propagate(internal, node.config.clustering.namespace, "create_stream", request)
+            await nc.close()
+            assert error == ["INVALID_ARGUMENT", "min ISR 2 exceeds the replication factor 1"]
+            assert not (await client.fetch_metadata("strict")).streams["strict"].exists
+
+
 async def test_out_of_range_stream_requests_get_invalid_argument_naming_the_limit(tmp_path):
     async with running_node(tmp_path) as (node, address):
         async with Client(address) as client:

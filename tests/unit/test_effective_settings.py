@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from bascule.config import Config
 from bascule.wire.names import CURSORS_STREAM
-from bascule.wire.settings import effective_settings
+from bascule.wire.settings import effective_settings, min_isr_error
 
 DEFAULTS = replace(
     Config().stream_defaults, retention_max_bytes=1000, retention_max_messages=100, retention_max_age=60.0,
@@ -68,3 +68,14 @@ def test_the_node_defaults_come_from_its_configuration():
             defaults.cursors_auto_pause_time) == (config.streams.segment_max_bytes, config.streams.retention_max_age,
                                                   config.clustering.min_insync_replicas,
                                                   config.cursors.stream_auto_pause_time)
+
+
+def test_a_min_isr_above_the_replication_factor_is_refused_naming_where_it_comes_from():
+    assert min_isr_error("s", {"min_isr": 2}, 1, DEFAULTS) == "min ISR 2 exceeds the replication factor 1"
+    assert min_isr_error("s", {}, 1, DEFAULTS) == (
+        "min ISR 2 (clustering.min.insync.replicas) exceeds the replication factor 1")
+    assert min_isr_error("s", {"min_isr": 0}, 1, DEFAULTS).startswith("min ISR 2 (clustering")
+    assert min_isr_error("s", {"min_isr": 1}, 1, DEFAULTS) is None
+    assert min_isr_error("s", {"min_isr": 3}, 3, DEFAULTS) is None
+    for every_broker_or_default in (-1, 0):
+        assert min_isr_error("s", {"min_isr": 5}, every_broker_or_default, DEFAULTS) is None

@@ -33,6 +33,7 @@ from bascule.wire.commands import (
     command_from_map,
     validate_request,
 )
+from bascule.wire.settings import StreamDefaults, min_isr_error
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,10 @@ class MetadataService:
     def __init__(
         self, raft: MetadataRaft, nc: SealedNats, subjects: Subjects, leader_timeout: float,
         gather_positions: GatherPositions, live_brokers: Callable[[], Collection[str]],
-        coordinator_timeout: float, clock: Callable[[], float] = time.monotonic,
+        coordinator_timeout: float, stream_defaults: StreamDefaults, clock: Callable[[], float] = time.monotonic,
     ):
         self.raft = raft
+        self.stream_defaults = stream_defaults
         self.nc = nc
         self.subjects = subjects
         self.clock = clock
@@ -175,6 +177,9 @@ class MetadataService:
         self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
         settings: dict[str, Any],
     ) -> None:
+        problem = min_isr_error(name, settings, replication_factor, self.stream_defaults)
+        if problem:
+            raise MetadataError(INVALID_ARGUMENT, problem)
         state = self.raft.state
         try:
             replicas = place(

@@ -235,7 +235,7 @@ class Node:
         self.tasks.start(heartbeats.run(), "metadata heartbeats")
         self._metadata = MetadataService(
             self._raft, internal, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
-            self.live_brokers, self.config.groups.coordinator_timeout,
+            self.live_brokers, self.config.groups.coordinator_timeout, self.config.stream_defaults,
         )
         self._groups = GroupCoordinator(
             self.server_id, self.config.groups.consumer_timeout, lambda: self.state, self.call, self.tasks,
@@ -375,13 +375,6 @@ class Node:
                 raise MetadataError(INVALID_ARGUMENT, problem)
         if partitions < 0:
             raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
-        # a partition whose ISR can never reach its min ISR would never commit anything
-        min_isr = settings.get("min_isr") or self.config.clustering.min_insync_replicas
-        if replication_factor > 0 and min_isr > replication_factor:
-            origin = "" if settings.get("min_isr") else " (clustering.min.insync.replicas)"
-            raise MetadataError(
-                INVALID_ARGUMENT, f"min ISR {min_isr}{origin} exceeds the replication factor {replication_factor}"
-            )
         # Encryption is decided here, once, and recorded with the stream: a stream's partitions are
         # sealed or not whatever the defaults of the nodes that lead them later.
         if settings.get(ENCRYPTION, self.config.streams.encryption):

@@ -132,6 +132,18 @@ def effective_settings(stream: str, settings: Mapping[str, Any], defaults: Strea
     )
 
 
+def min_isr_error(stream: str, settings: Mapping[str, Any], replication_factor: int,
+                  defaults: StreamDefaults) -> str | None:
+    """Why a stream cannot have these settings with this replication factor, or None: a partition
+    whose ISR can never reach its min ISR would never commit anything. A replication factor of -1
+    (every broker) or 0 (the default) is not checked."""
+    min_isr = effective_settings(stream, settings, defaults).min_isr
+    if replication_factor <= 0 or min_isr <= replication_factor:
+        return None
+    origin = "" if settings.get("min_isr") else " (clustering.min.insync.replicas)"
+    return f"min ISR {min_isr}{origin} exceeds the replication factor {replication_factor}"
+
+
 def settings_error(settings: Any) -> str | None:
     """Why ``settings`` cannot be a stream's settings, or None."""
     if not isinstance(settings, dict):
