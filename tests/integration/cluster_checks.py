@@ -237,6 +237,7 @@ class Publisher:
     errors: Counter = field(default_factory=Counter)
     error_messages: list[str] = field(default_factory=list)
     last_ack_time: float = 0.0
+    longest_silence: float = 0.0  # the longest time between two acked batches
     _seq: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task | None = None
@@ -317,8 +318,11 @@ class Publisher:
             self.conflicts.append(f"offset {offset} acked for {previous!r} and for {value!r}")
 
     def _batch_acked(self) -> None:
+        now = time.monotonic()
+        if self.last_ack_time:
+            self.longest_silence = max(self.longest_silence, now - self.last_ack_time)
         self.batches_acked += 1
-        self.last_ack_time = time.monotonic()
+        self.last_ack_time = now
 
     async def _leader_address(self) -> str | None:
         found = await views(self.cluster, self.stream)

@@ -90,7 +90,9 @@ async def test_hard_bounce_of_the_leader_under_ack_all_load() -> None:
         print(f"hard bounce: {len(load.acked)} acked of {load.values_sent} sent, {load.failures} failed batches "
               f"{dict(load.errors)}; kill to acks resumed {outages} s; leader epochs {epochs}")
         assert not load.conflicts, load.conflicts
-        assert load.failures > 0, "no publish ever failed: the bounces did not hit the load"
+        # The client retries a publish the dead leader dropped; a failover within its deadline shows
+        # only as a silence in the acks.
+        assert load.longest_silence > 0.5, f"acks never paused ({load.longest_silence:.2f} s): no bounce hit the load"
         reader.check(await check_live(cluster, "bounce", load.acked))
         assert len(epochs) >= bounces + 1 and epochs[-1][0] >= bounces, epochs
         stop_and_check_files(cluster, {"bounce": load.acked})
