@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from bascule.metadata.state import MetadataState
@@ -54,6 +55,10 @@ class Cluster(Protocol):
     @property
     def stream_defaults(self) -> StreamDefaults:
         """What a stream that leaves a setting unset gets on this node."""
+        ...
+
+    async def metadata_when(self, predicate: Callable[[MetadataState], bool], timeout: float) -> MetadataState:
+        """The metadata once ``predicate`` holds of it, or as it is after ``timeout`` seconds."""
         ...
 
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:

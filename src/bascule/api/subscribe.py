@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -38,7 +37,6 @@ REVERSE_CHUNK = 128
 # How long a group member's subscription waits for this node's metadata to reach the group epoch
 # the member holds (it learned it from a node that applied the change first).
 GROUP_CATCH_UP = 2.0
-GROUP_CATCH_UP_POLL = 0.02
 
 
 @dataclass
@@ -127,13 +125,9 @@ class SubscribeRPCs:
 
     async def _group_state(self, group_id: str, epoch: int) -> MetadataState:
         """The metadata once it knows ``group_id`` at ``epoch`` or later, or as it is after a while."""
-        deadline = time.monotonic() + GROUP_CATCH_UP
-        while True:
-            state = self.cluster.state
-            group = state.groups.get(group_id)
-            if (group is not None and group.epoch >= epoch) or time.monotonic() >= deadline:
-                return state
-            await asyncio.sleep(GROUP_CATCH_UP_POLL)
+        return await self.cluster.metadata_when(
+            lambda state: getattr(state.groups.get(group_id), "epoch", -1) >= epoch, GROUP_CATCH_UP
+        )
 
     async def SubscribeBatches(self, request, context):
         if request.maxBytes > MAX_BATCH_BYTES:

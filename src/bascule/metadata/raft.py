@@ -23,6 +23,7 @@ from bascule.metadata import raft_standing
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.raft_fixes import SafeSyncObj
 from bascule.metadata.state import MetadataState
+from bascule.metadata.watch import MetadataWatch
 from bascule.wire.commands import Command, CommandError, decode_command, encode_command
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class MetadataRaft:
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
         self._sync.addOnTickCallback(self._expire_unanswered_connects)
+        self.watch = MetadataWatch()
+        self._standing: tuple[str | None, bool] = (None, False)  # (leader, ready) as last told to the watch
+        self._sync.addOnTickCallback(self._notice_leadership)
 
     def _expire_unanswered_connects(self) -> None:
         """Drop connects to peers that got no answer within connectionTimeout (runs on the tick thread).
@@ -162,8 +166,20 @@ class MetadataRaft:
             if connection.state == CONNECTION_STATE.CONNECTING and monotonic() - started > timeout:
                 connection.disconnect()
 
+    def _notice_leadership(self) -> None:
+        """Tell the watch when the leader or readiness changed (on the tick thread: pysyncobj has no
+        event for either)."""
+        standing = (self.leader, self.ready)
+        if standing != self._standing:
+            self._standing = standing
+            self._loop.call_soon_threadsafe(self.watch.notify)
+
     def _applied(self) -> None:
-        self._loop.call_soon_threadsafe(self._on_change)
+        self._loop.call_soon_threadsafe(self._changed)
+
+    def _changed(self) -> None:
+        self._on_change()
+        self.watch.notify()
 
     async def propose(self, proposal: Command, timeout: float = PROPOSE_TIMEOUT) -> None:
         command = encode_command(proposal)

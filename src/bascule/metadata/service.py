@@ -43,7 +43,6 @@ JOIN_RETRY = 0.5
 # How long a join request waits for its membership change to commit before the answer goes out
 # anyway (growing from one node, the commit needs the joiner, which starts Raft after the answer).
 JOIN_SETTLE = 1.0
-LEADER_POLL = 0.02
 
 
 def _pack(value: Any) -> bytes:
@@ -105,22 +104,19 @@ class MetadataService:
         up its leadership (cut off from NATS, say) never answers, and its successor never saw the request."""
         leader = self.raft.leader
         asking = asyncio.ensure_future(self.nc.request(self.subjects.propagate, request, timeout=FORWARD_TIMEOUT))
+        moved = asyncio.ensure_future(self.raft.watch.until(lambda: self.raft.leader != leader, None))
         try:
-            # pysyncobj tells nobody of a new leader: polled.
-            while not asking.done():
-                await asyncio.wait({asking}, timeout=LEADER_POLL)
-                if not asking.done() and self.raft.leader != leader:
-                    raise NoMetadataLeader(f"the metadata leader changed from {leader} while it was asked")
+            await asyncio.wait({asking, moved}, return_when=asyncio.FIRST_COMPLETED)
+            if not asking.done():
+                raise NoMetadataLeader(f"the metadata leader changed from {leader} while it was asked")
             return asking.result()
         finally:
             asking.cancel()
+            moved.cancel()
 
     async def _wait_for_leader(self) -> None:
         """Wait (briefly) until Raft knows a leader: a request forwarded to nobody only times out."""
-        deadline = self.clock() + FORWARD_TIMEOUT
-        # pysyncobj learns the leader on its tick thread and tells nobody: there is no event to await.
-        while self.raft.leader is None and self.clock() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(LEADER_POLL)
+        await self.raft.watch.until(lambda: self.raft.leader is not None, FORWARD_TIMEOUT)
 
     async def _on_propagated(self, msg: Msg) -> None:
         if not self.raft.is_leader or not msg.reply:

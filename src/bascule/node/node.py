@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -399,13 +400,17 @@ class Node:
         """Join (creating the group if need be) through the metadata leader; the group's coordinator
         and epoch once this node has applied the join."""
         await self.call("join_consumer_group", group=group, consumer=consumer, streams=streams)
-        deadline = time.monotonic() + GROUP_APPLY_WAIT
-        while time.monotonic() < deadline:
-            found = self.state.groups.get(group)
-            if found is not None and consumer in found.members:
-                return found.coordinator, found.epoch
-            await asyncio.sleep(STREAM_START_POLL)
-        raise NoMetadataLeader(f"the join of consumer group {group} did not reach this node in time")
+        joined = await self.metadata_when(lambda state: consumer in getattr(state.groups.get(group), "members", ()),
+                                          GROUP_APPLY_WAIT)
+        found = joined.groups.get(group)
+        if found is None or consumer not in found.members:
+            raise NoMetadataLeader(f"the join of consumer group {group} did not reach this node in time")
+        return found.coordinator, found.epoch
+
+    async def metadata_when(self, predicate: Callable[[MetadataState], bool], timeout: float) -> MetadataState:
+        """This node's metadata once ``predicate`` holds of it, or as it is after ``timeout`` seconds."""
+        found = await self.raft.watch.until(lambda: self.state if predicate(self.state) else None, timeout)
+        return self.state if found is None else found
 
     def fetch_group_assignments(self, group: str, consumer: str, epoch: int) -> tuple[int, dict[str, tuple[int, ...]]]:
         """The consumer's partitions, from this node as the group's coordinator (``GroupCoordinator``)."""

@@ -40,9 +40,7 @@ from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-RAFT_READY_POLL = 0.05
 RETURN_RETRY = 0.5
-LEADERSHIP_POLL = 0.02
 
 
 @dataclass
@@ -134,25 +132,26 @@ class Partitions:
         """The partition once this node leads it, when the metadata names it leader but it does
         not lead yet (just started, or handing back an epoch of an earlier run); None once the
         metadata names another leader. The replica as it is after a leader timeout."""
-        deadline = time.monotonic() + self.config.clustering.replica_max_leader_timeout
-        while True:
+
+        def settled() -> tuple[LocalPartition | None] | None:
             local = self.get(stream, partition)
-            leader = getattr(self.raft.state.partition(stream, partition), "leader", None)
-            if leader != self.server_id:
-                return None
-            if (local is not None and local.replica.is_leader) or time.monotonic() > deadline:
-                return local
-            await asyncio.sleep(LEADERSHIP_POLL)
+            if getattr(self.raft.state.partition(stream, partition), "leader", None) != self.server_id:
+                return (None,)
+            return (local,) if local is not None and local.replica.is_leader else None
+
+        found = await self.raft.watch.until(settled, self.config.clustering.replica_max_leader_timeout)
+        return self.get(stream, partition) if found is None else found[0]
 
     async def until_resumed(self, stream: str, partition: int) -> None:
         """Once this node's replica of the partition has applied its resume (the metadata's, which
         a publish just awaited), or after a leader timeout: what is appended then comes after the
         resume, for its subscribers and in its event times."""
-        deadline = time.monotonic() + self.config.clustering.replica_max_leader_timeout
-        while (local := self.get(stream, partition)) is not None and local.replica.paused:
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(LEADERSHIP_POLL)
+
+        def resumed() -> bool:
+            local = self.get(stream, partition)
+            return local is None or not local.replica.paused
+
+        await self.raft.watch.until(resumed, self.config.clustering.replica_max_leader_timeout)
 
     # ---- reconcile ---------------------------------------------------------------------------
 
@@ -164,10 +163,8 @@ class Partitions:
 
     async def _reconcile(self) -> None:
         # A journal being replayed passes through old states (a stream not yet created, a
-        # leader epoch long gone): act only on a state that has caught up with the group. pysyncobj
-        # catches up on its tick thread and signals nothing when it has, hence the polling.
-        while not self.raft.ready:  # noqa: ASYNC110
-            await asyncio.sleep(RAFT_READY_POLL)
+        # leader epoch long gone): act only on a state that has caught up with the group.
+        await self.raft.watch.until(lambda: self.raft.ready, None)
         async with self._reconcile_lock:
             self._reconcile_scheduled = False
             if self._withdrawn:
@@ -182,6 +179,7 @@ class Partitions:
                     await self._apply(stream, partition)
                 except Exception:
                     log.exception("could not bring up partition %s/%s", *key)
+        self.raft.watch.notify()  # roles and flags changed: until_leading, until_resumed
 
     def _wanted(self, state: MetadataState) -> dict[tuple[str, int], tuple[Stream, Partition]]:
         return {
