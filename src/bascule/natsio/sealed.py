@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
+from bascule.natsio.flush import flush
 from bascule.wire.seal import SEAL_SIZE, Rejection, Sealer
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class SealedNats:
                 await cb(msg)
 
         return await self.client.subscribe(subject, cb=opened)
+
+    async def flush(self) -> None:
+        await flush(self.client)
 
     def _opened(self, msg: Msg) -> bool:
         """Replace ``msg``'s data by its payload; False (logged, counted) when it does not open."""

@@ -17,14 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nats.aio.msg import Msg
-
 from bascule.config import Config
 from bascule.metadata.election import Role, replica_role
 from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import MetadataService
 from bascule.metadata.state import MetadataState, Partition, Stream
-from bascule.natsio.sealed import SealedNats
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
@@ -32,6 +29,7 @@ from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.concurrency import concurrency_control
+from bascule.partition.transport import ReplicationTransport, TransportMessage
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
@@ -62,8 +60,8 @@ CaptureSwitch = Callable[[LocalPartition, bool], Awaitable[None]]
 
 class Partitions:
     def __init__(
-        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: SealedNats, subjects: Subjects,
-        raft: MetadataRaft, metadata: MetadataService, tasks: Tasks, master_key: MasterKey,
+        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: ReplicationTransport,
+        subjects: Subjects, raft: MetadataRaft, metadata: MetadataService, tasks: Tasks, master_key: MasterKey,
     ) -> None:
         self.config = config
         self.data_dir = data_dir
@@ -406,7 +404,7 @@ class Partitions:
         for follower in followers:
             self.tasks.spawn(self.nc.publish(self.subjects.notify(follower), notification), "notify")
 
-    async def _on_notification(self, msg: Msg) -> None:
+    async def _on_notification(self, msg: TransportMessage) -> None:
         try:
             note = envelope.decode_message(
                 msg.data, envelope.MsgType.PARTITION_NOTIFICATION, internal_pb2.PartitionNotification

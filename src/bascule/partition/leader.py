@@ -1,4 +1,5 @@
-"""The leader's side of replication over NATS: answering fetches and epoch queries.
+"""The leader's side of replication (over NATS, or any ``ReplicationTransport``): answering fetches
+and epoch queries.
 
 Decisions (what to send, the HW, who is caught up) come from ``PartitionReplica``
 and its pure ``IsrTracker``; this module only decodes requests and sends replies.
@@ -10,14 +11,11 @@ import logging
 from typing import TypeVar
 
 from google.protobuf.message import Message
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from bascule.logcontext import concerning
-from bascule.natsio.flush import flush
-from bascule.natsio.sealed import SealedNats
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
+from bascule.partition.transport import ReplicationTransport, TransportMessage, TransportSubscription
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2
@@ -30,13 +28,13 @@ RESPONSE_OVERHEAD = 64  # envelope, epoch and HW (and a fragment's sizes), with 
 
 
 class LeaderEndpoint:
-    def __init__(self, nc: SealedNats, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
+    def __init__(self, nc: ReplicationTransport, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
         self.nc = nc
         self.subjects = subjects
         self.replica = replica
         # A response is one NATS message: it must fit the server's max payload.
         self.max_bytes = max(1, min(max_bytes, nc.max_payload - RESPONSE_OVERHEAD))
-        self._subscriptions: list[Subscription] = []
+        self._subscriptions: list[TransportSubscription] = []
 
     async def start(self) -> None:
         stream, partition = self.replica.stream, self.replica.partition
@@ -44,7 +42,7 @@ class LeaderEndpoint:
             await self.nc.subscribe(self.subjects.replicate(stream, partition), cb=self._on_fetch),
             await self.nc.subscribe(self.subjects.epoch_offset(stream, partition), cb=self._on_epoch_query),
         ]
-        await flush(self.nc.client)  # followers of a new leader start fetching at once: be there first
+        await self.nc.flush()  # followers of a new leader start fetching at once: be there first
 
     async def stop(self) -> None:
         for subscription in self._subscriptions:
@@ -54,7 +52,7 @@ class LeaderEndpoint:
                 log.debug("unsubscribe failed", exc_info=True)
         self._subscriptions = []
 
-    async def _on_fetch(self, msg: Msg) -> None:
+    async def _on_fetch(self, msg: TransportMessage) -> None:
         concerning(self.replica.stream, self.replica.partition)
         request = _decode(msg, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest)
         if request is None:
@@ -91,14 +89,14 @@ class LeaderEndpoint:
         await self.nc.publish(msg.reply, response)
         replica.bytes_to_followers += sent
 
-    async def _not_leader(self, msg: Msg) -> None:
+    async def _not_leader(self, msg: TransportMessage) -> None:
         """Say so at once: during a handoff a follower's first request can reach only this node's
         endpoint (the new leader not yet subscribed), and unanswered it would wait out a request
         timeout while ack-ALL writes stall."""
         if msg.reply:
             await self.nc.publish(msg.reply, envelope.NOT_LEADER_REPLY)
 
-    async def _on_epoch_query(self, msg: Msg) -> None:
+    async def _on_epoch_query(self, msg: TransportMessage) -> None:
         concerning(self.replica.stream, self.replica.partition)
         request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)
         if request is None:
@@ -114,7 +112,7 @@ class LeaderEndpoint:
         )
 
 
-def _decode(msg: Msg, msg_type: envelope.MsgType, message_class: type[T]) -> T | None:
+def _decode(msg: TransportMessage, msg_type: envelope.MsgType, message_class: type[T]) -> T | None:
     """The request in ``msg``, or None (logged) when it is garbage: the leader keeps serving."""
     try:
         return envelope.decode_message(msg.data, msg_type, message_class)
