@@ -89,7 +89,7 @@ class Tally:
     duplicated: int = 0
     cut: int = 0  # at publish or on arrival
     overflowed: int = 0
-    unrouted: int = 0  # publishes no subscription took
+    unrouted: int = 0  # publishes no subscription took, and copies that arrived after an unsubscribe
 
 
 Handler = Callable[[BusMessage], Awaitable[None]]
@@ -189,6 +189,7 @@ class MemoryBus:
     def _arrive(self, sender: str, subscription: BusSubscription, message: BusMessage) -> None:
         if not subscription.active:
             self.pending -= 1
+            self.tally.unrouted += 1
             return
         if (sender, subscription.node) in self._cuts:
             self.pending -= 1
