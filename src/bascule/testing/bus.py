@@ -77,7 +77,7 @@ class Fate:
     sender: str
     receiver: str
     subject: str
-    outcome: str  # "sent", "dropped", "cut" or "overflowed"
+    outcome: str  # "sent", "dropped", "cut" or "overflowed": each the name of its counter in Tally
     delay: float | None = None
 
 
