@@ -1,11 +1,13 @@
 """A partition replica on this node: its log, its role, and the waits built on them.
 
-This is the shell around the commit log and the pure replication rules. As leader,
-messages arrive in bursts (one NATS callback each); they are gathered and appended
-once per event-loop turn, so one write, and under the ``always`` sync policy one
-fsync, covers the whole burst. The HW and ISR proposals come from the pure
-``IsrTracker``; as follower, the log changes only through the actions of the pure
-``Follower`` machine, applied by the follower loop.
+This is the shell around the commit log and the pure replication rules. As leader, it applies
+the actions of the pure ``Leader`` machine, which decides what is appended, synced, acked and
+failed: messages arrive in bursts (one NATS callback each); they are gathered and appended once
+per event-loop turn, so one write, and under the ``always`` sync policy one fsync, covers the
+whole burst. What the replica still does itself: the I/O (appends, syncs in a thread,
+checkpoints, reads), sealing an encrypted stream's values, the clock, calling the outcomes,
+waking readers and followers, and the counters. As follower, the log changes only through the
+actions of the pure ``Follower`` machine, applied by the follower loop.
 """
 
 from __future__ import annotations
@@ -19,10 +21,26 @@ from functools import partial
 
 from bascule.partition.encryption import EncryptionUnavailable, Values, opening, sealed_records
 from bascule.partition.log import LogFailed, PartitionLog
-from bascule.partition.replication.concurrency import NO_EXPECTATION, IncorrectOffset, admitted
 from bascule.partition.replication.isr import IsrTracker
-from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
-from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, record_error, stored_prefix
+from bascule.partition.replication.leader import (
+    Acknowledge,
+    Action,
+    Append,
+    Fail,
+    Failed,
+    IsrOutcome,
+    IsrRequest,
+    Leader,
+    Leadership,
+    Notify,
+    NotLeader,
+    PartitionClosed,
+    PublishHighWatermark,
+    ReplicaFailed,
+    StartSync,
+    StepDown,
+)
+from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, stored_prefix
 
 
 @dataclass
@@ -38,19 +56,6 @@ class EventTimes:
         self.first = self.first or self.latest
 
 log = logging.getLogger(__name__)
-
-
-class NotLeader(Exception):
-    pass
-
-
-class PartitionClosed(Exception):
-    pass
-
-
-class ReplicaFailed(PartitionClosed):
-    """The replica's log failed (``PartitionReplica.failed`` says why, also its ``__cause__``): it
-    takes no more writes, leads no more, and acknowledged nothing its log could not vouch for."""
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,6 @@ class SyncPolicy:
 Outcome = Callable[[int | None, BaseException | None], None]
 
 
-@dataclass(slots=True)
-class _Expecting:
-    """One submit under concurrency control: where its records start among the pending ones,
-    the offsets they expect (None: any) and its outcome."""
-
-    start: int
-    expected: Sequence[int] | None
-    on_written: Outcome | None
-
-
 class PartitionReplica:
     def __init__(
         self,
@@ -103,8 +98,6 @@ class PartitionReplica:
         self.clock = clock
         self.leader_epoch = -1
         self.leader = ""
-        self.fenced_epoch = -1  # a newer leader epoch seen in a follower's request
-        self.leadership: Leadership | None = None  # set while this replica leads
         self.paused = False
         self.readonly = False
         self.last_activity = clock()  # last append or leadership change, for auto-pause
@@ -117,19 +110,15 @@ class PartitionReplica:
         self.isr_shrinks = self.isr_expansions = 0  # members the ISR lost or gained while this replica led
         self._flags_known = False  # the first flags are the state it opened in, not a change
         self._notify_followers = notify_followers
-        self._pending: list[Record] = []
-        self._pending_outcomes: list[tuple[int, Outcome]] = []  # (index of a group's first record, outcome)
         # Liftbridge's optimistic concurrency control: appends check the offsets publishers expect.
         self.concurrency_control = concurrency_control
-        self._pending_expected: list[_Expecting] = []  # under it, one per submit: each is a group
+        self._leader: Leader[Outcome] = Leader(
+            f"{stream}/{partition}", sync_always=sync_policy.always, concurrency_control=concurrency_control
+        )
         # An encrypted stream's: values are sealed as this replica appends them as leader, and
         # opened for its readers; followers store and serve the leader's sealed bytes as they are.
         self.values = values
         self._flush_scheduled = False
-        self._awaiting_sync: list[tuple[int, Outcome]] = []  # written, not yet fsynced
-        self._awaiting_lease: list[tuple[int, Outcome]] = []  # written, in order, the lease lapsed
-        self._sync_due = False  # records written since the last fsync began (with outcomes or not)
-        self._syncing = False
         self._checkpointing = False  # a checkpoint of new epochs is being written
         self._data_changed = asyncio.Event()
         self._closed = False
@@ -141,13 +130,23 @@ class PartitionReplica:
         self._loop = asyncio.get_running_loop()
 
     @property
+    def leadership(self) -> Leadership | None:
+        """Set while this replica leads."""
+        return self._leader.leadership
+
+    @property
+    def fenced_epoch(self) -> int:
+        """A newer leader epoch seen in a follower's request, -1 before any."""
+        return self._leader.fenced_epoch
+
+    @property
     def is_leader(self) -> bool:
         return self.leadership is not None
 
     @property
     def acks_held(self) -> int:
         """Writes stored as leader whose acks wait for the lease (see ``Leadership.holds_lease``)."""
-        return len(self._awaiting_lease)
+        return self._leader.acks_held
 
     @property
     def high_watermark(self) -> int:
@@ -194,8 +193,7 @@ class PartitionReplica:
             self._failure_reported = True
             log.error("%s/%s failed, it takes no more writes and stops leading: %s",
                       self.stream, self.partition, error)
-        self._fail_pending(self._failed_error())
-        self.leadership = None
+        self._apply(self._leader.fail(self._failed_error()))
         self._wake_readers()
 
     # ---- roles -------------------------------------------------------------------------------
@@ -219,39 +217,33 @@ class PartitionReplica:
         if self.leadership is not None and self.leader_epoch == leader_epoch:
             tracker = self.leadership.tracker
             isr_before = tracker.isr
-            self.leadership.metadata_changed(isr, partition_epoch, min_isr, now, unclean)
+            self._apply(self._leader.metadata_changed(isr, partition_epoch, min_isr, now, unclean))
             self.isr_shrinks += len(isr_before - tracker.isr)
             self.isr_expansions += len(tracker.isr - isr_before)
-            self._publish_high_watermark(self.leadership)
-            self._release_leased(self.leadership)
             return
         if self.leadership is not None:
             self.become_follower("", self.leader_epoch)
         self.last_activity = now
         self.leader, self.leader_epoch = leader_id, leader_epoch
-        self.leadership = Leadership(
+        self._apply(self._leader.lead(
             leader_id, leader_epoch, partition_epoch, replicas, isr, history=self.log.epochs,
             log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
             min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now, unclean=unclean,
-        )
-        self._publish_high_watermark(self.leadership)
+        ))
         self._wake_readers()
         self._checkpoint_new_epochs()
 
     def fence(self, requested_epoch: int) -> None:
         """A follower asked with ``requested_epoch``: stop writing now if the leadership says so,
         before this node's metadata catches up, so no write is acknowledged in a dead epoch."""
-        if self.leadership is None or not self.leadership.fenced_by(requested_epoch):
-            return
-        log.warning("%s/%s: a follower follows leader epoch %d, this leader has %d: stepping down",
-                    self.stream, self.partition, requested_epoch, self.leader_epoch)
-        self.fenced_epoch = requested_epoch
-        self.become_follower("", self.leader_epoch)
+        actions = self._leader.fence(requested_epoch)
+        if actions:
+            self._apply(actions)
+            self.leader = ""
+            self._wake_readers()
 
     def become_follower(self, leader_id: str, leader_epoch: int) -> None:
-        if self.leadership is not None:
-            self._fail_pending(NotLeader(f"{self.stream}/{self.partition} lost leadership"))
-        self.leadership = None
+        self._apply(self._leader.step_down())
         self.leader, self.leader_epoch = leader_id, leader_epoch
         self._wake_readers()
 
@@ -283,15 +275,10 @@ class PartitionReplica:
             raise PartitionClosed(f"{self.stream}/{self.partition} is closed")
         if self.failed is not None:
             raise self._failed_error()
-        if self.tracker is None:
+        leader = self._leader
+        if leader.leadership is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        if self.concurrency_control:
-            if expected is not None and len(expected) != len(records):
-                raise ValueError(f"{len(expected)} expected offsets for {len(records)} records")
-            self._pending_expected.append(_Expecting(len(self._pending), expected, on_written))
-        if on_written is not None:
-            self._pending_outcomes.append((len(self._pending), on_written))
-        self._pending += records
+        leader.submit(records, on_written, expected)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             if linger:
@@ -301,145 +288,83 @@ class PartitionReplica:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        records, self._pending = self._pending, []
-        outcomes, self._pending_outcomes = self._pending_outcomes, []
-        expecting, self._pending_expected = self._pending_expected, []
-        leadership = self.leadership
-        if not records or leadership is None:
-            return
-        if expecting:
-            records, outcomes = self._admitted(records, expecting)
-            if not records:
-                return
+        self._apply(self._leader.flush())
+
+    def _apply(self, actions: list[Action]) -> None:
+        """Carry out the Leader machine's actions, in order (those of every write first)."""
+        for action in actions:
+            if isinstance(action, Acknowledge):
+                for offset, on_written in action.writes:
+                    on_written(offset, None)
+            elif isinstance(action, PublishHighWatermark):
+                self.log.high_watermark = action.hw
+                self._apply(self._leader.committed(action.hw))
+                self._wake_readers()
+            elif isinstance(action, Append):
+                self._append(action)
+            elif isinstance(action, StartSync):
+                self._start_sync(action)
+            elif isinstance(action, Notify):
+                self._notify_followers(self, action.followers)
+            elif isinstance(action, Fail):
+                for on_written in action.tokens:
+                    on_written(None, action.error)
+            elif isinstance(action, StepDown):
+                log.warning("%s/%s: a follower follows leader epoch %d, this leader has %d: stepping down",
+                            self.stream, self.partition, action.epoch, self.leader_epoch)
+            elif isinstance(action, Failed):
+                self._fail(action.cause)
+
+    def _append(self, append: Append) -> None:
+        records = append.records
         if self.values is not None:
             try:
                 records = sealed_records(self.values, records)
             except EncryptionUnavailable as exc:  # nothing is stored unsealed: these writes fail
                 log.warning("%s/%s: refusing %d messages: %s", self.stream, self.partition, len(records), exc)
-                for _, on_written in outcomes:
-                    on_written(None, exc)
+                self._apply(self._leader.append_failed(exc))
                 return
         try:
             try:
-                first, _ = self.log.append(records, self.leader_epoch)
+                first, _ = self.log.append(records, append.leader_epoch)
             except ValueError:
                 # A record the log cannot encode fails its own group, not the others of this
                 # append (the log is as it was).
-                records, outcomes = _without_unencodable_groups(records, outcomes)
-                if not records:
+                refusals, retry = self._leader.unencodable(records)
+                self._apply(refusals)
+                if retry is None:
                     return
-                first, _ = self.log.append(records, self.leader_epoch)
+                first, _ = self.log.append(retry.records, retry.leader_epoch)
         except LogFailed as exc:
-            self._awaiting_sync[:0] = outcomes  # failed first, with everything else
-            self._fail(exc)
+            self._apply(self._leader.log_failed(exc))
             return
         except Exception as exc:
             # The log is as it was (a full disk, say): these writes failed, later ones may not.
             log.exception("append to %s/%s failed", self.stream, self.partition)
             self.writes_failing = isinstance(exc, OSError)
-            for _, on_written in outcomes:
-                on_written(None, exc)
+            self._apply(self._leader.append_failed(exc))
             return
         self.writes_failing = False
         self.last_activity = self.clock()
         self.received.happened()
-        written = [(first + index, on_written) for index, on_written in outcomes]
-        if self.sync_policy.always:
-            self._awaiting_sync += written
-            self._sync_due = True
-            self._start_sync()
-        else:
-            self._written(leadership, written, self.log.next_offset)
+        self._apply(self._leader.appended(first, self.log.next_offset, self.last_activity))
 
-    def _admitted(
-        self, records: list[Record], expecting: list[_Expecting]
-    ) -> tuple[list[Record], list[tuple[int, Outcome]]]:
-        """Under concurrency control: the submitted groups whose expected offsets hold, in order,
-        and their outcomes; each refused group is told why. Groups the log cannot encode are
-        refused first: dropped after the check, they would move the offsets of those after them."""
-        ends = [group.start for group in expecting[1:]] + [len(records)]
-        candidates = []
-        for group, end in zip(expecting, ends):
-            run = records[group.start:end]
-            problem = next(filter(None, map(record_error, run)), None)
-            if problem is None:
-                candidates.append((run, group))
-            elif group.on_written is not None:
-                group.on_written(None, ValueError(problem))
-        verdicts = admitted(self.log.next_offset, [group.expected or [NO_EXPECTATION] * len(run)
-                                                   for run, group in candidates])
-        kept: list[Record] = []
-        kept_outcomes: list[tuple[int, Outcome]] = []
-        for (run, group), verdict in zip(candidates, verdicts):
-            if verdict:
-                if group.on_written is not None:
-                    kept_outcomes.append((len(kept), group.on_written))
-                kept += run
-            elif group.on_written is not None:
-                group.on_written(None, IncorrectOffset(
-                    f"{self.stream}/{self.partition}: expected offsets {list(group.expected or [])},"
-                    f" the log ends at {self.log.next_offset + len(kept)}"))
-        return kept, kept_outcomes
-
-    def _written(self, leadership: Leadership, written: list[tuple[int, Outcome]], durable_end: int) -> None:
-        """Records written in ``leadership`` are in the log (on disk, under ``always``) up to
-        ``durable_end``: tell their writers, let followers fetch them, and commit what the ISR
-        already has. If that leadership ended meanwhile (even if a new one began), nothing is
-        acknowledged: the new leadership's followers may truncate these records."""
-        if self.leadership is not leadership:
-            error = NotLeader(f"{self.stream}/{self.partition} lost leadership before the write was durable")
-            for _, on_written in written:
-                on_written(None, error)
-            return
-        if self._awaiting_lease or not leadership.holds_lease(self.clock()):
-            # Another leader may have been elected meanwhile (this one was paused or cut off):
-            # an ack now could name an offset the new one gives another message. The followers
-            # notified below renew the lease with their next fetches, or fence this leader.
-            self._awaiting_lease += written
-        else:
-            for offset, on_written in written:
-                on_written(offset, None)
-        waiting = leadership.tracker.leader_appended(durable_end)
-        if waiting:
-            self._notify_followers(self, waiting)
-        self._publish_high_watermark(leadership)
-
-    def _start_sync(self) -> None:
-        """Group commit: one fsync, in a thread, covers everything written before it started;
-        records written meanwhile wait for the next one."""
-        if self._syncing or not self._sync_due or self.failed is not None:
-            return
-        self._syncing, self._sync_due = True, False
-        batch, self._awaiting_sync = self._awaiting_sync, []
-        durable_end = self.log.next_offset
+    def _start_sync(self, sync: StartSync) -> None:
+        """Group commit: one fsync, in a thread, covers everything written before it started."""
         try:
             job = self._loop.run_in_executor(None, self.log.begin_sync())
         except Exception as exc:  # the log failed already (LogFailed): the same path as a failed fsync
             job = self._loop.create_future()
             job.set_exception(exc)
-        job.add_done_callback(partial(self._synced, self.leadership, batch, durable_end))
+        job.add_done_callback(partial(self._synced, sync))
 
-    def _synced(
-        self, leadership: Leadership | None, batch: list[tuple[int, Outcome]], durable_end: int,
-        job: asyncio.Future,
-    ) -> None:
-        self._syncing = False
-        if job.cancelled():  # the loop is shutting down: the fsync's outcome is unknown
-            error: BaseException | None = PartitionClosed(f"{self.stream}/{self.partition} closed")
+    def _synced(self, sync: StartSync, job: asyncio.Future) -> None:
+        if job.cancelled():
+            self._apply(self._leader.sync_cancelled(sync))
+        elif (error := job.exception()) is not None:
+            self._apply(self._leader.sync_failed(sync, error))
         else:
-            error = job.exception()
-            if error is not None and not self._closed:
-                # Never retried: this batch, and every write after it, fails (see _fail).
-                self._awaiting_sync[:0] = batch
-                self._fail(error)
-                return
-        if error is not None or self._closed or leadership is None:
-            error = error or PartitionClosed(f"{self.stream}/{self.partition} closed")
-            for _, on_written in batch:
-                on_written(None, error)
-        else:
-            self._written(leadership, batch, durable_end)
-        self._start_sync()
+            self._apply(self._leader.synced(sync, self.clock()))
 
     def serve_fetch(
         self, replica_id: str, log_end_offset: int, leader_epoch: int, max_bytes: int, leader_time: float = 0.0
@@ -453,13 +378,12 @@ class PartitionReplica:
         tracker = leadership.tracker
         asked_again = tracker.asks_again(replica_id, log_end_offset)
         fetched_before = _fetched_from(tracker, replica_id)
-        recorded = tracker.record_fetch(replica_id, log_end_offset, leader_epoch, self.clock(), leader_time)
-        self._release_leased(leadership)
+        recorded, actions = self._leader.fetched(replica_id, log_end_offset, leader_epoch, self.clock(), leader_time)
+        if recorded and fetched_before is not None and log_end_offset > fetched_before:
+            self.messages_to_followers += log_end_offset - fetched_before
+        self._apply(actions)
         if not recorded:
             return b""
-        if fetched_before is not None and log_end_offset > fetched_before:
-            self.messages_to_followers += log_end_offset - fetched_before
-        self._publish_high_watermark(leadership)
         # Only what is durable here (under ``always``) goes to followers: a follower never gets
         # ahead of what this leader counts as its own log end.
         # A follower below this log's start (retention, or its disk was wiped) gets the entries
@@ -486,18 +410,7 @@ class PartitionReplica:
         return [] if self.leadership is None else self.leadership.isr_requests(self.clock())
 
     def isr_request_done(self, request: IsrRequest, outcome: IsrOutcome) -> None:
-        leadership = self.leadership
-        if leadership is not None and leadership.leader_epoch == request.leader_epoch:
-            leadership.isr_request_done(request, outcome)
-            self._publish_high_watermark(leadership)
-            self._release_leased(leadership)
-
-    def _release_leased(self, leadership: Leadership) -> None:
-        """Acknowledge the writes held for a lapsed lease, once it holds again."""
-        if self._awaiting_lease and leadership.holds_lease(self.clock()):
-            written, self._awaiting_lease = self._awaiting_lease, []
-            for offset, on_written in written:
-                on_written(offset, None)
+        self._apply(self._leader.isr_request_done(request, outcome, self.clock()))
 
     def position(self) -> tuple[int, int]:
         """(epoch of the last entry or -1, log end offset): what elections compare. A log with
@@ -506,17 +419,6 @@ class PartitionReplica:
         if self.log.damaged_from is not None:
             end = min(end, self.log.damaged_from)
         return (self.log.epochs.epoch_at(end - 1) if end else -1), end
-
-    def _publish_high_watermark(self, leadership: Leadership) -> None:
-        hw = leadership.tracker.hw
-        if hw > self.log.high_watermark:
-            self.log.high_watermark = hw
-            self._committed(leadership, hw)
-            # Idle followers learn a new HW only by fetching: wake them, so readers of ISR
-            # replicas see what is committed without waiting for an idle timeout.
-            waiting = leadership.tracker.take_waiting()
-            if waiting:
-                self._notify_followers(self, waiting)
 
     def when_committed(self, offset: int, on_committed: Outcome) -> None:
         """Call ``on_committed(offset, None)`` once ``offset`` is committed, or (None, error) if
@@ -529,11 +431,6 @@ class PartitionReplica:
             on_committed(None, NotLeader(f"not the leader of {self.stream}/{self.partition}"))
         else:
             self.leadership.acks.add(offset, on_committed)
-
-    def _committed(self, leadership: Leadership, hw: int) -> None:
-        for offset, on_committed in leadership.acks.release(hw):
-            on_committed(offset, None)
-        self._wake_readers()
 
     # ---- follower: applying the Follower machine's actions -------------------------------------
 
@@ -640,23 +537,13 @@ class PartitionReplica:
         if not job.cancelled() and job.exception() is not None:
             log.warning("%s/%s: checkpoint failed: %s", self.stream, self.partition, job.exception())
 
-    def _fail_pending(self, error: Exception) -> None:
-        if self.leadership is not None:
-            for _, on_committed in self.leadership.acks.fail_all():
-                on_committed(None, error)
-        for _, on_written in self._awaiting_lease + self._pending_outcomes + self._awaiting_sync:
-            on_written(None, error)
-        self._pending, self._pending_outcomes, self._awaiting_sync, self._awaiting_lease = [], [], [], []
-        self._pending_expected = []
-
     def stop(self) -> None:
         """Stop serving: writes not yet acked fail, readers wake, leadership ends. On the event
         loop; the log's files stay open until ``close``."""
         if self._closed:
             return
         self._closed = True
-        self._fail_pending(PartitionClosed(f"{self.stream}/{self.partition} closed"))
-        self.leadership = None
+        self._apply(self._leader.close())
         self._wake_readers()
 
     def close(self) -> None:
@@ -681,29 +568,6 @@ def _fetched_from(tracker: IsrTracker, replica_id: str) -> int | None:
     if replica_id == tracker.leader_id or replica_id not in tracker.replicas:
         return None
     return tracker.progress(replica_id).log_end_offset
-
-
-def _without_unencodable_groups(
-    records: list[Record], outcomes: list[tuple[int, Outcome]]
-) -> tuple[list[Record], list[tuple[int, Outcome]]]:
-    """``records`` and ``outcomes`` less the groups that hold a record the log cannot encode;
-    each of those groups is told why."""
-    starts = [start for start, _ in outcomes]
-    groups = zip([0, *starts], [*starts, len(records)], [None, *(on_written for _, on_written in outcomes)])
-    kept: list[Record] = []
-    kept_outcomes: list[tuple[int, Outcome]] = []
-    for start, end, on_written in groups:
-        group = records[start:end]
-        problem = next((p for p in map(record_error, group) if p), None)
-        if problem is not None:
-            log.warning("refusing a group of %d records: %s", len(group), problem)
-            if on_written is not None:
-                on_written(None, ValueError(problem))
-            continue
-        if on_written is not None:
-            kept_outcomes.append((len(kept), on_written))
-        kept += group
-    return kept, kept_outcomes
 
 
 def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:

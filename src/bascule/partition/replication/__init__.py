@@ -66,7 +66,23 @@ Modules and their API
       ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``ReportLeader(leader_id, leader_epoch)``.
       The shell applies Truncate/Append/SetHighWatermark to the real log in order.
 
-``leader`` (one object per leadership)
+``leader`` (``Leader``: one object per replica, across its leaderships; ``Leadership``: one per
+leadership)
+    - ``Leader(name, *, sync_always, concurrency_control)``, generic in the writes' outcome
+      tokens; attributes ``leadership``, ``fenced_epoch``, ``acks_held``. Events, each returning
+      a list of actions: ``lead(...)`` (Leadership's arguments), ``metadata_changed(isr,
+      partition_epoch, min_isr, now, unclean)``, ``fence(epoch)``, ``step_down()``, ``close()``,
+      ``fail(error)``; ``submit(records, token, expected)`` (queues, no actions), ``flush()``,
+      ``appended(first_offset, log_end, now)``, ``append_failed(error)`` (the log is as it was),
+      ``log_failed(cause)``, ``unencodable(records) -> (refusals, Append or None)``,
+      ``synced(sync, now)``, ``sync_failed(sync, error)``, ``sync_cancelled(sync)``,
+      ``fetched(replica_id, log_end_offset, leader_epoch, now, leader_time) -> (recorded,
+      actions)``, ``isr_request_done(request, outcome, now)``, ``committed(hw)``.
+    - actions: ``Append(records, leader_epoch)``, ``StartSync(leadership, writes, durable_end)``
+      (handed back when it completes), ``Acknowledge([(offset, token)])``, ``Fail(tokens,
+      error)``, ``Notify(followers)``, ``PublishHighWatermark(hw)`` (then ``committed(hw)``),
+      ``StepDown(epoch)`` (fenced), ``Failed(cause)`` (record the log's failure, then ``fail``).
+      The shell carries them out in order; a token's calls may add commits (``leadership.acks``).
     - ``start_leader_epoch(history, epoch, log_end_offset)``: before the first append.
     - ``Leadership(leader_id, leader_epoch, partition_epoch, replicas, isr, *, history,
       log_end_offset, hw, min_isr, max_lag_time, leader_timeout, now)``: starts the epoch, holds
@@ -79,7 +95,7 @@ Modules and their API
 ``concurrency`` (Liftbridge's optimistic concurrency control)
     - ``admitted(next_offset, groups) -> list[bool]``: which groups of records (each a list of
       expected offsets, ``NO_EXPECTATION`` = -1 for any) the leader appends, in order, all or none
-      each; the replica's append applies it. ``IncorrectOffset``: a refused group's outcome.
+      each; ``Leader.flush`` applies it. ``IncorrectOffset``: a refused group's outcome.
     - ``concurrency_control(stream, settings, server_default) -> bool``: the stream's option,
       else the server's default, never for the internal streams.
 

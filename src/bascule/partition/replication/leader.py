@@ -1,9 +1,14 @@
-"""A partition leader's rules for one leadership (one leader epoch), sans I/O.
+"""A partition leader's rules, sans I/O: for one leadership (one leader epoch), and for the
+writes of a replica across its leaderships.
 
 :class:`Leadership` holds what a leader decides: the start of its epoch in the epoch history,
 follower progress and the HW (its :class:`IsrTracker`), the ALL-acks waiting for the HW
 (:class:`PendingAcks`), fencing by a newer epoch, and the ISR changes it asks the metadata leader
-for. The shell feeds it appends, fetches, metadata and outcomes, and carries its answers out.
+for. :class:`Leader` is the machine a replica's shell (``partition.replica``) applies: writes in,
+appends, syncs, acks and failures out, over the leaderships it holds. It spans them because a
+write outlives its leadership: a sync begun in one may complete in the next, and must ack
+nothing then. The shell feeds it appends, fetches, metadata and outcomes, and carries its
+actions out.
 
 ISR change requests are conditional on the leader epoch *and* the partition epoch they were
 decided at: the metadata refuses one if either moved, so a stale proposer cannot undo a change
@@ -15,12 +20,18 @@ HW and the request is made again, until the metadata's ISR settles it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from bascule.partition.log.epochs import EpochHistory
+from bascule.wire.entry import Record, record_error
 
+from .concurrency import NO_EXPECTATION, IncorrectOffset, admitted
 from .isr import IsrTracker, PendingAcks
+
+log = logging.getLogger(__name__)
 
 
 def start_leader_epoch(history: EpochHistory, epoch: int, log_end_offset: int) -> None:
@@ -128,3 +139,425 @@ class Leadership:
             self.tracker.expand_refused(request.replica_id)  # stop holding the HW back for it
         elif outcome is IsrOutcome.UNKNOWN and request.replica_id in self.tracker.pending_expansions:
             self._unsettled_expansions.add(request.replica_id)
+
+
+# ---- the leader's write path, across its leaderships ------------------------------------------
+# Its actions are not frozen: a frozen dataclass's __init__ costs several times a plain one's, and
+# a write makes a few of them.
+
+T = TypeVar("T")  # a write's outcome token: what the shell calls with its offset, or its error
+
+
+class NotLeader(Exception):
+    pass
+
+
+class PartitionClosed(Exception):
+    pass
+
+
+class ReplicaFailed(PartitionClosed):
+    """The replica's log failed (``PartitionReplica.failed`` says why, also its ``__cause__``): it
+    takes no more writes, leads no more, and acknowledged nothing its log could not vouch for."""
+
+
+@dataclass(slots=True)
+class Append:
+    """Append ``records`` in ``leader_epoch``, all at once; then ``appended`` with the first
+    offset, or one of the failures."""
+
+    records: list[Record]
+    leader_epoch: int
+
+
+@dataclass(slots=True)
+class StartSync(Generic[T]):
+    """Begin an fsync (group commit) covering the log up to ``durable_end``; hand this back to
+    ``synced`` or ``sync_failed``. ``writes`` are acked when it completes in ``leadership``."""
+
+    leadership: Leadership | None
+    writes: list[tuple[int, T]]
+    durable_end: int
+
+
+@dataclass(slots=True)
+class Acknowledge(Generic[T]):
+    """Tell each token its (offset, no error), in order."""
+
+    writes: list[tuple[int, T]]
+
+
+@dataclass(slots=True)
+class Fail(Generic[T]):
+    """Tell each token (no offset, ``error``), in order."""
+
+    tokens: list[T]
+    error: BaseException
+
+
+@dataclass(slots=True)
+class Notify:
+    """Wake these followers: there is something to fetch (entries, or a new HW)."""
+
+    followers: list[str]
+
+
+@dataclass(slots=True)
+class PublishHighWatermark:
+    """Publish ``hw``, then tell ``committed``."""
+
+    hw: int
+
+
+@dataclass(slots=True)
+class StepDown:
+    """A follower follows ``epoch``, newer than this leader's: it no longer leads."""
+
+    epoch: int
+
+
+@dataclass(slots=True)
+class Failed:
+    """The log failed for good (``cause``): record it, then ``fail`` with the error writes get."""
+
+    cause: BaseException
+
+
+Action = Append | StartSync | Acknowledge | Fail | Notify | PublishHighWatermark | StepDown | Failed
+
+
+@dataclass(slots=True)
+class _Expecting(Generic[T]):
+    """One submit under concurrency control: where its records start among the pending ones,
+    the offsets they expect (None: any) and its token."""
+
+    start: int
+    expected: Sequence[int] | None
+    token: T | None
+
+
+class Leader(Generic[T]):
+    """A replica's leader role, sans I/O: the writes it takes, from submit to ack or failure, over
+    the leaderships it holds (a sync begun in one may complete in the next). Its rules:
+
+    - writes submitted in a turn are appended as one (``flush``), under concurrency control only
+      the groups whose expected offsets hold (``concurrency.admitted``), never a group holding a
+      record the log cannot encode;
+    - under ``sync_always``, group commit: one fsync at a time, covering everything written
+      before it began; a failed fsync is never retried: every write not yet acked fails;
+    - a write is acked only in the leadership that wrote it, and only while that leadership holds
+      its lease (``Leadership.holds_lease``); acks held for the lease go out in order once it
+      holds again, and fail if the leadership ends first;
+    - a request of a newer epoch fences this leader, before its metadata says so.
+
+    ``name`` ("stream/partition") is for the errors' messages.
+    """
+
+    def __init__(self, name: str, *, sync_always: bool, concurrency_control: bool) -> None:
+        self.name = name
+        self.sync_always = sync_always
+        self.concurrency_control = concurrency_control
+        self.leadership: Leadership | None = None
+        self.fenced_epoch = -1  # a newer leader epoch seen in a follower's request
+        self._log_end = 0  # the log's end, as this leader's appends left it
+        self._hw = -1  # the HW last published
+        self._pending: list[Record] = []
+        self._pending_tokens: list[tuple[int, T]] = []  # (index of a group's first record, token)
+        self._pending_expected: list[_Expecting[T]] = []  # under concurrency control, one per submit
+        self._appending: list[tuple[int, T]] = []  # the groups of the Append being carried out
+        self._awaiting_sync: list[tuple[int, T]] = []  # written, not yet fsynced
+        self._awaiting_lease: list[tuple[int, T]] = []  # written, in order, the lease lapsed
+        self._sync_due = False  # records written since the last fsync began (with tokens or not)
+        self._syncing = False
+        self._failed = False
+        self._closed = False
+
+    @property
+    def acks_held(self) -> int:
+        return len(self._awaiting_lease)
+
+    # ---- roles --------------------------------------------------------------------------------
+
+    def lead(
+        self, leader_id: str, leader_epoch: int, partition_epoch: int, replicas: Iterable[str], isr: Iterable[str],
+        *, history: EpochHistory, log_end_offset: int, hw: int, min_isr: int, max_lag_time: float,
+        leader_timeout: float, now: float, unclean: Iterable[str] = (),
+    ) -> list[Action]:
+        """Begin leading ``leader_epoch`` (after ``step_down`` from any earlier one)."""
+        self._log_end, self._hw = log_end_offset, hw
+        self.leadership = Leadership(
+            leader_id, leader_epoch, partition_epoch, replicas, isr, history=history,
+            log_end_offset=log_end_offset, hw=hw, min_isr=min_isr, max_lag_time=max_lag_time,
+            leader_timeout=leader_timeout, now=now, unclean=unclean,
+        )
+        return self._published(self.leadership)
+
+    def metadata_changed(
+        self, isr: Iterable[str], partition_epoch: int, min_isr: int, now: float, unclean: Iterable[str] = (),
+    ) -> list[Action]:
+        """The metadata's view of the epoch this leader leads (see ``Leadership.metadata_changed``)."""
+        leadership = self.leadership
+        if leadership is None:
+            return []
+        leadership.metadata_changed(isr, partition_epoch, min_isr, now, unclean)
+        return self._published(leadership) + self._released(leadership, now)
+
+    def fence(self, requested_epoch: int) -> list[Action]:
+        """A follower asked with ``requested_epoch``: a newer one ends this leadership now."""
+        if self.leadership is None or not self.leadership.fenced_by(requested_epoch):
+            return []
+        self.fenced_epoch = requested_epoch
+        return [StepDown(requested_epoch), *self.step_down()]
+
+    def step_down(self) -> list[Action]:
+        """Stop leading: writes not yet acked fail."""
+        if self.leadership is None:
+            return []
+        actions = self._fail_pending(NotLeader(f"{self.name} lost leadership"))
+        self.leadership = None
+        return actions
+
+    def close(self) -> list[Action]:
+        self._closed = True
+        actions = self._fail_pending(PartitionClosed(f"{self.name} closed"))
+        self.leadership = None
+        return actions
+
+    def fail(self, error: BaseException) -> list[Action]:
+        """The log failed for good: every write and ack waiting fails with ``error``, and this
+        leader stops. Nothing written since the last good fsync may ever be acked: a later fsync
+        that succeeds does not prove the pages the failed one could not write reach the disk."""
+        self._failed = True
+        actions = self._fail_pending(error)
+        self.leadership = None
+        return actions
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    def submit(self, records: list[Record], token: T | None, expected: Sequence[int] | None) -> None:
+        """Queue ``records`` as one group for the next ``flush``; ``token`` learns the offset of
+        the first once all are written. ``expected``: under concurrency control, each record's
+        expected offset (NO_EXPECTATION: any); the group is appended all or none."""
+        if self.concurrency_control:
+            if expected is not None and len(expected) != len(records):
+                raise ValueError(f"{len(expected)} expected offsets for {len(records)} records")
+            self._pending_expected.append(_Expecting(len(self._pending), expected, token))
+        if token is not None:
+            self._pending_tokens.append((len(self._pending), token))
+        self._pending += records
+
+    def flush(self) -> list[Action]:
+        """What the writes submitted since the last flush come to: an Append, and the refusals."""
+        records, self._pending = self._pending, []
+        tokens, self._pending_tokens = self._pending_tokens, []
+        expecting, self._pending_expected = self._pending_expected, []
+        leadership = self.leadership
+        if not records or leadership is None:
+            return []
+        actions: list[Action] = []
+        if expecting:
+            records, tokens = self._admitted(records, expecting, actions)
+            if not records:
+                return actions
+        self._appending = tokens
+        actions.append(Append(records, leadership.leader_epoch))
+        return actions
+
+    def unencodable(self, records: list[Record]) -> tuple[list[Action], Append | None]:
+        """The log could not encode a record of the Append (``records``: as it was given them, in
+        the Append's order): the refusals of the groups holding one, and the Append of the others
+        (whose outcome goes to ``appended`` or a failure as the first's would have)."""
+        kept, self._appending, refusals = _without_unencodable_groups(records, self._appending)
+        leadership = self.leadership
+        if not kept or leadership is None:
+            return refusals, None
+        return refusals, Append(kept, leadership.leader_epoch)
+
+    def append_failed(self, error: BaseException) -> list[Action]:
+        """The Append failed and the log is as it was (a full disk, say): its writes fail."""
+        tokens, self._appending = self._appending, []
+        return [Fail([token for _, token in tokens], error)]
+
+    def log_failed(self, cause: BaseException) -> list[Action]:
+        """The Append failed and left the log failed: its writes fail first, with all others."""
+        self._awaiting_sync[:0], self._appending = self._appending, []
+        return [Failed(cause)]
+
+    def appended(self, first_offset: int, log_end: int, now: float) -> list[Action]:
+        """The Append is in the log, from ``first_offset``; the log ends at ``log_end``."""
+        tokens, self._appending = self._appending, []
+        self._log_end = log_end
+        written = [(first_offset + index, token) for index, token in tokens]
+        leadership = self.leadership
+        if self.sync_always:
+            self._awaiting_sync += written
+            self._sync_due = True
+            return self._start_sync()
+        assert leadership is not None
+        return self._written(leadership, written, log_end, now)
+
+    def synced(self, sync: StartSync[T], now: float) -> list[Action]:
+        self._syncing = False
+        if self._closed or sync.leadership is None:
+            actions = self._fail_sync(sync, PartitionClosed(f"{self.name} closed"))
+        else:
+            actions = self._written(sync.leadership, sync.writes, sync.durable_end, now)
+        return actions + self._start_sync()
+
+    def sync_failed(self, sync: StartSync[T], error: BaseException) -> list[Action]:
+        """Never retried: this sync's writes, and every write after them, fail (see ``fail``)."""
+        self._syncing = False
+        if self._closed:
+            return self._fail_sync(sync, error) + self._start_sync()
+        self._awaiting_sync[:0] = sync.writes
+        return [Failed(error)]
+
+    def sync_cancelled(self, sync: StartSync[T]) -> list[Action]:
+        """The sync's outcome is unknown (the loop is shutting down): its writes fail."""
+        self._syncing = False
+        return self._fail_sync(sync, PartitionClosed(f"{self.name} closed")) + self._start_sync()
+
+    # ---- followers and the metadata -----------------------------------------------------------
+
+    def fetched(
+        self, replica_id: str, log_end_offset: int, leader_epoch: int, now: float, leader_time: float,
+    ) -> tuple[bool, list[Action]]:
+        """A follower's fetch (see ``IsrTracker.record_fetch``): whether it gets data, and what
+        its echo of this leader's clock and its progress release."""
+        leadership = self.leadership
+        if leadership is None:
+            return False, []
+        recorded = leadership.tracker.record_fetch(replica_id, log_end_offset, leader_epoch, now, leader_time)
+        actions = self._released(leadership, now)
+        if recorded:
+            actions += self._published(leadership)
+        return recorded, actions
+
+    def isr_request_done(self, request: IsrRequest, outcome: IsrOutcome, now: float) -> list[Action]:
+        leadership = self.leadership
+        if leadership is None or leadership.leader_epoch != request.leader_epoch:
+            return []
+        leadership.isr_request_done(request, outcome)
+        return self._published(leadership) + self._released(leadership, now)
+
+    def committed(self, hw: int) -> list[Action]:
+        """``hw`` is published: the commits waiting for it. Asked for only then, so that those
+        that writers asked for as their writes were acked (in the actions before) are among them."""
+        leadership = self.leadership
+        released = [] if leadership is None else leadership.acks.release(hw)
+        return [Acknowledge(released)] if released else []
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _admitted(
+        self, records: list[Record], expecting: list[_Expecting[T]], actions: list[Action]
+    ) -> tuple[list[Record], list[tuple[int, T]]]:
+        """The submitted groups whose expected offsets hold, in order, and their tokens; each
+        refused group's refusal goes to ``actions``. Groups the log cannot encode are refused
+        first: dropped after the check, they would move the offsets of those after them."""
+        ends = [group.start for group in expecting[1:]] + [len(records)]
+        candidates = []
+        for group, end in zip(expecting, ends):
+            run = records[group.start:end]
+            problem = next(filter(None, map(record_error, run)), None)
+            if problem is None:
+                candidates.append((run, group))
+            elif group.token is not None:
+                actions.append(Fail([group.token], ValueError(problem)))
+        verdicts = admitted(self._log_end, [group.expected or [NO_EXPECTATION] * len(run) for run, group in candidates])
+        kept: list[Record] = []
+        kept_tokens: list[tuple[int, T]] = []
+        for (run, group), verdict in zip(candidates, verdicts):
+            if verdict:
+                if group.token is not None:
+                    kept_tokens.append((len(kept), group.token))
+                kept += run
+            elif group.token is not None:
+                actions.append(Fail([group.token], IncorrectOffset(
+                    f"{self.name}: expected offsets {list(group.expected or [])},"
+                    f" the log ends at {self._log_end + len(kept)}")))
+        return kept, kept_tokens
+
+    def _written(
+        self, leadership: Leadership, written: list[tuple[int, T]], durable_end: int, now: float
+    ) -> list[Action]:
+        """Records written in ``leadership`` are in the log (on disk, under ``always``) up to
+        ``durable_end``: tell their writers, let followers fetch them, and commit what the ISR
+        already has. If that leadership ended meanwhile (even if a new one began), nothing is
+        acked: the new leadership's followers may truncate these records."""
+        if self.leadership is not leadership:
+            error = NotLeader(f"{self.name} lost leadership before the write was durable")
+            return [Fail([token for _, token in written], error)]
+        actions: list[Action] = []
+        if self._awaiting_lease or not leadership.holds_lease(now):
+            # Another leader may have been elected meanwhile (this one was paused or cut off):
+            # an ack now could name an offset the new one gives another message. The followers
+            # notified below renew the lease with their next fetches, or fence this leader.
+            self._awaiting_lease += written
+        else:
+            actions.append(Acknowledge(written))
+        waiting = leadership.tracker.leader_appended(durable_end)
+        if waiting:
+            actions.append(Notify(waiting))
+        return actions + self._published(leadership)
+
+    def _released(self, leadership: Leadership, now: float) -> list[Action]:
+        """The writes held for a lapsed lease, once it holds again."""
+        if self._awaiting_lease and leadership.holds_lease(now):
+            written, self._awaiting_lease = self._awaiting_lease, []
+            return [Acknowledge(written)]
+        return []
+
+    def _published(self, leadership: Leadership) -> list[Action]:
+        hw = leadership.tracker.hw
+        if hw <= self._hw:
+            return []
+        self._hw = hw
+        actions: list[Action] = [PublishHighWatermark(hw)]
+        # Idle followers learn a new HW only by fetching: wake them, so readers of ISR replicas
+        # see what is committed without waiting for an idle timeout.
+        waiting = leadership.tracker.take_waiting()
+        if waiting:
+            actions.append(Notify(waiting))
+        return actions
+
+    def _start_sync(self) -> list[Action]:
+        if self._syncing or not self._sync_due or self._failed:
+            return []
+        self._syncing, self._sync_due = True, False
+        writes, self._awaiting_sync = self._awaiting_sync, []
+        return [StartSync(self.leadership, writes, self._log_end)]
+
+    def _fail_sync(self, sync: StartSync[T], error: BaseException) -> list[Action]:
+        return [Fail([token for _, token in sync.writes], error)]
+
+    def _fail_pending(self, error: BaseException) -> list[Action]:
+        tokens = [] if self.leadership is None else [token for _, token in self.leadership.acks.fail_all()]
+        tokens += [token for _, token in self._awaiting_lease + self._pending_tokens + self._awaiting_sync]
+        self._pending, self._pending_tokens, self._awaiting_sync, self._awaiting_lease = [], [], [], []
+        self._pending_expected = []
+        return [Fail(tokens, error)] if tokens else []
+
+
+def _without_unencodable_groups(
+    records: list[Record], tokens: list[tuple[int, T]]
+) -> tuple[list[Record], list[tuple[int, T]], list[Action]]:
+    """``records`` and ``tokens`` less the groups that hold a record the log cannot encode, and
+    the refusals of the groups that have a token."""
+    starts = [start for start, _ in tokens]
+    groups = zip([0, *starts], [*starts, len(records)], [None, *(token for _, token in tokens)])
+    kept: list[Record] = []
+    kept_tokens: list[tuple[int, T]] = []
+    refusals: list[Action] = []
+    for start, end, token in groups:
+        group = records[start:end]
+        problem = next((p for p in map(record_error, group) if p), None)
+        if problem is not None:
+            log.warning("refusing a group of %d records: %s", len(group), problem)
+            if token is not None:
+                refusals.append(Fail([token], ValueError(problem)))
+            continue
+        if token is not None:
+            kept_tokens.append((len(kept), token))
+        kept += group
+    return kept, kept_tokens, refusals
