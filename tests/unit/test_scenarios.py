@@ -3,10 +3,12 @@
 A small deterministic in-memory cluster. The rules are the ones production runs: the metadata is
 a real ``MetadataState`` changed only through its commands, elections are decided by
 ``metadata.election`` (witness reports, the returning-leader rule, Oxia's choice), leaders are
-``Leadership`` machines (HW, acks, ISR requests conditional on both epochs), followers are
-``Follower`` machines; which role a replica takes is ``replica_role``. This harness only moves
-their messages, holds logs as lists of (epoch, payload), and injects faults. No threads, no
-sleeps: time is a number the tests move.
+``Leader`` machines (group commit, the lease-gated ack, the writing-leadership check, HW, acks,
+ISR requests conditional on both epochs), followers are ``Follower`` machines; which role a
+replica takes is ``replica_role``. This harness only carries out their actions and moves their
+messages (with the leader's clock readings the lease needs), holds logs as lists of (epoch,
+payload), and injects faults. No threads, no sleeps: time is a number the tests move. An
+ack-ALL publish is acked once its write is acked (under the lease) and committed.
 
 After every scenario the invariants of the document are checked:
 - no lost committed write: every ALL-acked entry is in every ISR member's log at its offset;
@@ -51,8 +53,20 @@ from bascule.partition.replication.follower import (
     WaitForData,
 )
 from bascule.partition.replication.isr import IsrTracker
-from bascule.partition.replication.leader import IsrOutcome, IsrRequest, Leadership
+from bascule.partition.replication.leader import (
+    Acknowledge,
+    Fail,
+    IsrOutcome,
+    IsrRequest,
+    Leader,
+    Leadership,
+    Notify,
+    PublishHighWatermark,
+    StartSync,
+)
+from bascule.partition.replication.leader import Append as LeaderAppend
 from bascule.wire.commands import command_from_map
+from bascule.wire.entry import Record
 
 STREAM = "stream"
 PARTITION = (STREAM, 0)
@@ -60,6 +74,7 @@ CONFIG = FollowerConfig(leader_timeout=15.0, max_idle_wait=10.0, retry_backoff=0
 MAX_LAG_TIME = 15.0
 
 Entry = tuple[int, str]  # (leader epoch, payload)
+Token = tuple[bool, str]  # (whether it is the commit's rather than the write's, payload)
 
 
 class InvariantViolation(AssertionError):
@@ -75,11 +90,22 @@ class Replica:
     status: str = "up"  # up | down (crashed) | paused (SIGSTOP: state kept, unreachable)
     synced: int = 0  # durable prefix length (sync policy "never")
     incarnation: int = 0  # bumps at every restart, as a node process's does
+    sync_always: bool = True
     # volatile (lost in a crash)
-    lead: Leadership | None = None
+    leader: Leader[Token] = field(init=False)
     follower: Follower | None = None
     pending: deque = field(default_factory=deque)
     inflight: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.start_process()
+
+    def start_process(self) -> None:
+        self.leader = Leader(f"{STREAM}/0", sync_always=self.sync_always, concurrency_control=False)
+
+    @property
+    def lead(self) -> Leadership | None:
+        return self.leader.leadership
 
     @property
     def leo(self) -> int:
@@ -95,7 +121,7 @@ class Replica:
 
 class Cluster:
     def __init__(self, ids, *, min_isr: int = 1, sync_always: bool = True, batch: int = 100) -> None:
-        self.replicas = {rid: Replica(rid) for rid in ids}
+        self.replicas = {rid: Replica(rid, sync_always=sync_always) for rid in ids}
         self.ids = list(ids)
         self.min_isr = min_isr
         self.sync_always = sync_always
@@ -108,6 +134,7 @@ class Cluster:
         # observations
         self.acked: dict[int, Entry] = {}
         self.failed_acks: list[tuple[int, str]] = []
+        self.offsets: dict[str, int] = {}  # where each payload was written
         self.seen: dict[int, Entry] = {}
         self.hw_seen: dict[str, int] = {rid: -1 for rid in ids}
         self.truncations: list[tuple[str, int, bool]] = []  # (replica, end offset, below HW)
@@ -187,21 +214,19 @@ class Cluster:
         p = self._partition
         role = replica_role(p.leader, p.leader_incarnation, r.rid, f"{r.rid}-{r.incarnation}")
         if r.lead is not None and (role is not Role.LEAD or r.lead.leader_epoch != p.leader_epoch):
-            for offset, payload in r.lead.acks.fail_all():
-                self.failed_acks.append((offset, payload))
-            r.lead = None
+            self._carry_out(r, r.leader.step_down())
         if role is Role.LEAD:
             r.follower = None
             r.pending.clear()
             if r.lead is None:
-                r.lead = Leadership(
+                actions = r.leader.lead(
                     r.rid, p.leader_epoch, p.epoch, p.replicas, p.isr, history=r.history, log_end_offset=r.leo,
                     hw=r.hw, min_isr=self.min_isr, max_lag_time=MAX_LAG_TIME, leader_timeout=CONFIG.leader_timeout,
                     now=self.now,
                 )
             else:
-                r.lead.metadata_changed(p.isr, p.epoch, self.min_isr, self.now)
-            self._release(r)  # a leader that is the whole ISR commits at once
+                actions = r.leader.metadata_changed(p.isr, p.epoch, self.min_isr, self.now)
+            self._carry_out(r, actions)  # a leader that is the whole ISR commits at once
             return
         if role is Role.HAND_BACK:
             r.follower = None
@@ -236,12 +261,10 @@ class Cluster:
         if result is not None:
             kind = "expand" if request.add else "shrink"
             self.rejected.append((r.rid, kind, request.replica_id, result[1].removeprefix("ISR change refused: ")))
-        if r.lead is not None and r.lead.leader_epoch == request.leader_epoch:
-            r.lead.isr_request_done(request, IsrOutcome.REFUSED if result else IsrOutcome.ACCEPTED)
+        outcome = IsrOutcome.REFUSED if result else IsrOutcome.ACCEPTED
+        self._carry_out(r, r.leader.isr_request_done(request, outcome, self.now))
         if result is None:
             self._learn_all()
-        elif r.lead is not None:
-            self._release(r)
         return result is None
 
     def _isr_maintenance(self, r: Replica) -> None:
@@ -262,26 +285,47 @@ class Cluster:
         if r.status != "up" or r.lead is None:
             return None
         payload = f"{target}-e{r.lead.leader_epoch}-m{next(self._payloads)}"
-        r.log.append((r.lead.leader_epoch, payload))
-        if self.sync_always:
-            r.synced = r.leo
-        offset = r.leo - 1
-        r.lead.acks.add(offset, payload)
-        for rid in r.tracker.leader_appended(r.leo):
-            f = self.replicas[rid]
-            if f.status == "up" and f.follower is not None and f.follower.leader_id == target:
-                self._feed(f, f.follower.on_notify(self.now))
-        self._release(r)
-        return offset
+        r.leader.submit([Record(payload.encode())], (False, payload), None)
+        self._carry_out(r, r.leader.flush())
+        return self.offsets[payload]
 
     def fsync(self, rid: str) -> None:
         self.replicas[rid].synced = self.replicas[rid].leo
 
-    def _release(self, r: Replica) -> None:
-        r.hw = r.tracker.hw
-        for offset, payload in r.lead.acks.release(r.tracker.hw):
-            assert r.log[offset][1] == payload
-            self.acked[offset] = r.log[offset]
+    def _carry_out(self, r: Replica, actions) -> None:
+        """What a leader replica does with its Leader machine's actions: the log is a list, an
+        fsync is instant, and a write's ack asks for its commit, as an ack-ALL publish does."""
+        for action in actions:
+            if isinstance(action, LeaderAppend):
+                first = r.leo
+                for record in action.records:
+                    self.offsets[record.value.decode()] = r.leo
+                    r.log.append((action.leader_epoch, record.value.decode()))
+                self._carry_out(r, r.leader.appended(first, r.leo, self.now))
+            elif isinstance(action, StartSync):
+                r.synced = action.durable_end
+                self._carry_out(r, r.leader.synced(action, self.now))
+            elif isinstance(action, Acknowledge):
+                for offset, (commit, payload) in action.writes:
+                    assert r.log[offset][1] == payload
+                    if commit:
+                        self.acked[offset] = r.log[offset]
+                    elif offset <= r.hw:
+                        self.acked[offset] = r.log[offset]
+                    else:
+                        r.lead.acks.add(offset, (True, payload))
+            elif isinstance(action, PublishHighWatermark):
+                r.hw = action.hw
+                self._carry_out(r, r.leader.committed(action.hw))
+            elif isinstance(action, Notify):
+                for rid in action.followers:
+                    f = self.replicas[rid]
+                    if f.status == "up" and f.follower is not None and f.follower.leader_id == r.rid:
+                        self._feed(f, f.follower.on_notify(self.now))
+            elif isinstance(action, Fail):
+                self.failed_acks += [(self.offsets[payload], payload) for _, payload in action.tokens]
+            else:
+                raise AssertionError(f"no fault here leads to {action}")
 
     def _serving(self, leader_id: str) -> Replica | None:
         r = self.replicas[leader_id]
@@ -330,8 +374,9 @@ class Cluster:
                     self._feed(r, f.on_fetch_failed(self.now))
                     return
                 fetches += 1
-                ok = leader.tracker.record_fetch(rid, action.offset, action.leader_epoch, self.now)
-                self._release(leader)
+                ok, actions = leader.leader.fetched(
+                    rid, action.offset, action.leader_epoch, self.now, action.leader_time)
+                self._carry_out(leader, actions)
                 self._isr_maintenance(leader)
                 data = leader.log[action.offset:action.offset + self.batch] if ok else []
                 if lose_last_response and fetches == max_fetches:
@@ -339,7 +384,8 @@ class Cluster:
                     return
                 r.inflight = list(data)
                 entries = [(action.offset + i, epoch) for i, (epoch, _) in enumerate(data)]
-                self._feed(r, f.on_replicate(leader.tracker.leader_epoch, leader.tracker.hw, entries, self.now))
+                self._feed(r, f.on_replicate(leader.tracker.leader_epoch, leader.tracker.hw, entries, self.now,
+                                             leader_time=self.now))
             elif isinstance(action, Append):
                 assert action.first_offset == r.leo and action.count == len(r.inflight)
                 r.log.extend(r.inflight)
@@ -379,10 +425,10 @@ class Cluster:
 
     def crash(self, rid: str, lose_unsynced: bool = False) -> None:
         r = self.replicas[rid]
-        if r.lead is not None:
-            self.failed_acks.extend(r.lead.acks.fail_all())
+        self._carry_out(r, r.leader.close())  # the process's writers see their acks fail
         r.status = "down"
-        r.lead = r.follower = None
+        r.start_process()
+        r.follower = None
         r.pending = deque()
         if lose_unsynced:
             del r.log[r.synced:]
@@ -813,6 +859,7 @@ def test_zombie_leader_is_fenced_and_truncated():
     assert zombie.tracker is not None and zombie.tracker.leader_epoch == 1
     z = c.publish(to="A")
     assert z == 1 and zombie.log[1] != c.replicas["B"].log[1]
+    assert zombie.leader.acks_held == 1  # stored, not acked: no follower renewed its lease
     c.now += 20
     c._isr_maintenance(zombie)  # its shrink proposals carry epoch 1: refused
     assert {(kind, reason) for _, kind, _, reason in c.rejected} == {("shrink", "stale leader")}
@@ -821,8 +868,9 @@ def test_zombie_leader_is_fenced_and_truncated():
     # to the same request is still taken
     c_replica, b_replica = c.replicas["C"], c.replicas["B"]
     follower = c_replica.follower
+    b_replica_time = c.now - 20  # the clock reading of B's last answer, which C echoes
     fetch = follower.on_notify(c.now)
-    assert fetch == [SendFetch(c_replica.leo, 2)]
+    assert fetch == [SendFetch(c_replica.leo, 2, leader_time=b_replica_time)]
     assert zombie.tracker.record_fetch("C", c_replica.leo, 2, c.now) is False  # wrong epoch
     assert follower.on_replicate(zombie.tracker.leader_epoch, zombie.hw, [], c.now) == [WaitForData(c.now + 0.5)]
     assert follower.on_replicate(2, b_replica.hw, [], c.now)[-1] == WaitForData(c.now + 10.0)
