@@ -1,11 +1,14 @@
 """What a client is told about a publish forwarded through NATS, from the leader's Ack: the ack
 itself, or the refusal its ackError names, in Liftbridge's codes and words."""
 
+import errno
+import os
+
 import grpc
 import pytest
 
 from bascule.api.publish import _accepted
-from bascule.api.status import PublishError
+from bascule.api.status import PublishError, publish_failure
 from bascule.wire.pb import api_pb2
 
 Error = api_pb2.Ack.Error
@@ -27,3 +30,11 @@ def test_an_ack_error_is_the_refusal_it_names(error, status, async_code, message
     with pytest.raises(PublishError) as refused:
         _accepted(api_pb2.Ack(ackError=error))
     assert (refused.value.status, refused.value.async_code, refused.value.message) == (status, async_code, message)
+
+
+def test_a_write_the_leaders_disk_refused_is_unavailable_so_clients_retry_at_the_next_leader():
+    refused = publish_failure(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert (refused.status, refused.async_code) == (grpc.StatusCode.UNAVAILABLE, "UNKNOWN")
+    assert refused.message.startswith("unavailable: the leader could not store it")
+    timed_out = publish_failure(TimeoutError())  # an OSError too, with its own words
+    assert timed_out.message == "unavailable: timed out waiting for the ack"

@@ -70,6 +70,11 @@ def publish_failure(error: BaseException) -> PublishError:
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
     if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
         return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
+    if isinstance(error, OSError):
+        # The leader's disk refused the write (full, say): it hands the partition to another ISR
+        # member (node.maintenance), so a retry finds a leader that can store it.
+        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: the leader could not store it: {error}",
+                            "UNKNOWN")
     if isinstance(error, EncryptionUnavailable):  # Liftbridge's code and words (Publish: INTERNAL)
         return PublishError(grpc.StatusCode.INTERNAL, f"encryption failed on partition: {error}", "ENCRYPTION_FAILED")
     if isinstance(error, ValueError):  # a record the log cannot encode
