@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bascule.partition.transport import ReplicationTransport
+from bascule.natsio.transport import Transport
 from bascule.testing.bus import BusMessage, Faults, MemoryBus
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
@@ -32,7 +32,7 @@ async def settle(seconds: float = 0.02) -> None:
     await asyncio.sleep(seconds)
 
 
-async def echo_on(transport: ReplicationTransport, subject: str) -> None:
+async def echo_on(transport: Transport, subject: str) -> None:
     async def answer(message) -> None:
         await transport.publish(message.reply, b"echo " + message.data)
 

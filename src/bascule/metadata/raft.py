@@ -22,9 +22,10 @@ from bascule import durable
 from bascule.metadata import raft_standing
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.raft_fixes import SafeSyncObj
+from bascule.metadata.replicated import apply_command
 from bascule.metadata.state import MetadataState
 from bascule.metadata.watch import MetadataWatch
-from bascule.wire.commands import Command, CommandError, decode_command, encode_command
+from bascule.wire.commands import Command, encode_command
 
 log = logging.getLogger(__name__)
 # How often the Raft leader sends entries or a heartbeat: a follower learns of a commit with the next.
@@ -60,8 +61,8 @@ class MetadataStore(SyncObjConsumer):
         return self.apply_journaled(command)
 
     def apply_journaled(self, command: bytes) -> tuple[str, str] | None:
-        """Apply one journaled command; never raises (see ``_applied``), on every node alike."""
-        self.state, result = _applied(self.state, command)
+        """Apply one journaled command; never raises (see ``apply_command``), on every node alike."""
+        self.state, result = apply_command(self.state, command)
         self.on_applied()
         return result
 
@@ -70,7 +71,7 @@ class MetadataStore(SyncObjConsumer):
         state half-way through the replay."""
         state = MetadataState() if dump is None else _restored(dump)
         for command in commands:
-            state, _ = _applied(state, command)
+            state, _ = apply_command(state, command)
         self.state = state
         self.on_applied()
 
@@ -80,22 +81,6 @@ class MetadataStore(SyncObjConsumer):
     def _deserialize(self, data: bytes) -> None:
         self.state = _restored(data)
         self.on_applied()
-
-
-def _applied(state: MetadataState, command: bytes) -> tuple[MetadataState, tuple[str, str] | None]:
-    try:
-        decoded = decode_command(command)
-    except CommandError as exc:
-        # A command journaled by another bascule version: refuse it the same way on every node.
-        log.error("refusing journaled command: %s", exc)
-        return state, ("INVALID_ARGUMENT", str(exc))
-    try:
-        return state.apply(decoded)
-    except Exception as exc:
-        # pysyncobj would retry a raising apply forever, on every node and every replay,
-        # wedging the group: a command that cannot be applied is a deterministic no-op.
-        log.exception("refusing a command the state machine could not apply: %.200r", decoded)
-        return state, ("INVALID_ARGUMENT", f"cannot apply {decoded.OP}: {exc}")
 
 
 def _restored(dump: bytes) -> MetadataState:

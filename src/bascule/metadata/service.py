@@ -14,15 +14,16 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import msgpack
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.groups import CoordinatorReports, choose_coordinator
 from bascule.metadata.placement import PlacementError, place
-from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.state import FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, Partition
 from bascule.natsio.sealed import SealedNats
+from bascule.natsio.transport import Transport, TransportMessage
 from bascule.wire import envelope
 from bascule.wire.commands import (
     ChangeGroupCoordinator,
@@ -60,7 +61,7 @@ GatherPositions = Callable[[str, int, Collection[str]], Awaitable[dict[str, Posi
 
 class MetadataService:
     def __init__(
-        self, raft: MetadataRaft, nc: SealedNats, subjects: Subjects, leader_timeout: float,
+        self, raft: ReplicatedMetadata, nc: Transport, subjects: Subjects, leader_timeout: float,
         gather_positions: GatherPositions, live_brokers: Callable[[], Collection[str]],
         coordinator_timeout: float, stream_defaults: StreamDefaults, clock: Callable[[], float] = time.monotonic,
     ):
@@ -99,7 +100,7 @@ class MetadataService:
         if error:
             raise MetadataError(*error)
 
-    async def _forward(self, request: bytes) -> Msg:
+    async def _forward(self, request: bytes) -> TransportMessage:
         """The metadata leader's reply; NoMetadataLeader as soon as Raft's leader changes: a leader that gave
         up its leadership (cut off from NATS, say) never answers, and its successor never saw the request."""
         leader = self.raft.leader
@@ -118,7 +119,7 @@ class MetadataService:
         """Wait (briefly) until Raft knows a leader: a request forwarded to nobody only times out."""
         await self.raft.watch.until(lambda: self.raft.leader is not None, FORWARD_TIMEOUT)
 
-    async def _on_propagated(self, msg: Msg) -> None:
+    async def _on_propagated(self, msg: TransportMessage) -> None:
         if not self.raft.is_leader or not msg.reply:
             return
         try:
@@ -282,7 +283,7 @@ class MetadataService:
         ))
         self._elections.elected((stream, partition), decision.leader_epoch + 1, self.clock())
 
-    async def _on_join(self, msg: Msg) -> None:
+    async def _on_join(self, msg: TransportMessage) -> None:
         if not self.raft.is_leader or not msg.reply:
             return
         try:

@@ -8,10 +8,9 @@ import logging
 from typing import Any
 
 import msgpack
-from nats.aio.msg import Msg
 
-from bascule.metadata.raft import MetadataRaft
-from bascule.natsio.sealed import SealedNats
+from bascule.metadata.replicated import ReplicatedMetadata
+from bascule.natsio.transport import Transport, TransportMessage
 from bascule.node.partitions import Partitions
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.subjects import Subjects
@@ -26,7 +25,7 @@ ReplicaReport = dict[str, tuple[int, int, int]]
 
 class AdminQueries:
     def __init__(
-        self, server_id: str, nc: SealedNats, subjects: Subjects, raft: MetadataRaft, partitions: Partitions,
+        self, server_id: str, nc: Transport, subjects: Subjects, raft: ReplicatedMetadata, partitions: Partitions,
     ) -> None:
         self.server_id = server_id
         self.nc = nc
@@ -48,7 +47,7 @@ class AdminQueries:
                 log.info("no Raft leader view (%r); answering with this node's", exc)
         return {**self.raft.quorum(), "answered_by": self.server_id}
 
-    async def _on_status_request(self, msg: Msg) -> None:
+    async def _on_status_request(self, msg: TransportMessage) -> None:
         if self.raft.is_leader and msg.reply:
             view = {**self.raft.quorum(), "answered_by": self.server_id}
             await self.nc.publish(msg.reply, msgpack.packb(view, use_bin_type=True))
@@ -65,7 +64,7 @@ class AdminQueries:
             if local.started and not local.replica.closed and local.replica.failed is None
         }
 
-    async def _on_replicas_request(self, msg: Msg) -> None:
+    async def _on_replicas_request(self, msg: TransportMessage) -> None:
         if msg.reply:
             report = {"id": self.server_id, "replicas": self.replica_report()}
             await self.nc.publish(msg.reply, msgpack.packb(report, use_bin_type=True))
@@ -80,7 +79,7 @@ class AdminQueries:
         reports: dict[str, ReplicaReport] = {}
         everyone_answered = asyncio.Event()
 
-        async def on_reply(msg: Msg) -> None:
+        async def on_reply(msg: TransportMessage) -> None:
             try:
                 body = msgpack.unpackb(msg.data, raw=False)
                 reports[body["id"]] = {k: tuple(v) for k, v in body["replicas"].items()}

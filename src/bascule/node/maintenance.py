@@ -11,7 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bascule.config import Config
-from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.service import MetadataService
 from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import GatherReports, move_leadership
@@ -31,9 +32,11 @@ MAX_GROUP_LIVENESS_INTERVAL = 1.0
 
 class Maintenance:
     def __init__(
-        self, config: Config, server_id: str, raft: MetadataRaft, metadata: MetadataService,
+        self, config: Config, server_id: str, raft: ReplicatedMetadata, metadata: MetadataService,
         partitions: Partitions, tasks: Tasks, groups: GroupCoordinator, gather_reports: GatherReports,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self.config = config
         self.gather_reports = gather_reports
         self._disk_jobs: set[tuple[str, int]] = set()  # partitions a failing-disk job is under way for
@@ -76,7 +79,7 @@ class Maintenance:
         loop = asyncio.get_running_loop()
         replicas = {key: local.replica for key, local in self.partitions.items() if not local.replica.closed}
         intervals = {key: self._cleaner_interval(key[0]) for key in replicas}
-        for stream_name, partition in self._cleaning.due(intervals, time.monotonic()):
+        for stream_name, partition in self._cleaning.due(intervals, self.clock()):
             replica = replicas[stream_name, partition]
             if replica.closed:  # closed while an earlier one compacted
                 continue
@@ -140,7 +143,7 @@ class Maintenance:
         (a full disk) hands leadership to another ISR member, at most once per leader timeout; a
         log that failed for good (an fsync error) is reopened (``Partitions.recover``); a replica
         that could not be opened is tried again."""
-        now = time.monotonic()
+        now = self.clock()
         timeout = self.config.clustering.replica_max_leader_timeout
         for key, local in self.partitions.items():
             replica = local.replica

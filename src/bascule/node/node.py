@@ -20,10 +20,9 @@ import nats
 from bascule import durable
 from bascule.config import Config
 from bascule.config.values import unauthenticated_raft_error
-from bascule.metadata.election import Position
 from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
-from bascule.metadata.service import MetadataService, join_cluster
+from bascule.metadata.service import join_cluster
 from bascule.metadata.state import ALREADY_EXISTS, FAILED_PRECONDITION, INVALID_ARGUMENT, MetadataState
 from bascule.natsio.capture import CaptureConnection
 from bascule.natsio.publisher import EnvelopePublisher
@@ -34,9 +33,9 @@ from bascule.node import identity
 from bascule.node.activity import ActivityPublisher
 from bascule.node.admin import ADMIN_TIMEOUT, AdminQueries
 from bascule.node.capture import CapturePath
+from bascule.node.core import NodeCore
 from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import hand_off_leaderships
-from bascule.node.maintenance import Maintenance
 from bascule.node.partitions import Partitions
 from bascule.node.publishing import PublishPath
 from bascule.node.tasks import Tasks
@@ -89,11 +88,8 @@ class Node:
         self._capture: CapturePath | None = None
         self._envelopes: EnvelopePublisher | None = None
         self._raft: MetadataRaft | None = None
-        self._metadata: MetadataService | None = None
-        self._partitions: Partitions | None = None
+        self._core: NodeCore | None = None
         self._publishing: PublishPath | None = None
-        self._admin: AdminQueries | None = None
-        self._groups: GroupCoordinator | None = None
 
     # The parts, once started.
 
@@ -103,9 +99,13 @@ class Node:
         return self._raft
 
     @property
+    def core(self) -> NodeCore:
+        assert self._core is not None, "node not started"
+        return self._core
+
+    @property
     def partitions(self) -> Partitions:
-        assert self._partitions is not None, "node not started"
-        return self._partitions
+        return self.core.partitions
 
     @property
     def publishing(self) -> PublishPath:
@@ -114,13 +114,11 @@ class Node:
 
     @property
     def admin(self) -> AdminQueries:
-        assert self._admin is not None, "node not started"
-        return self._admin
+        return self.core.admin
 
     @property
     def groups(self) -> GroupCoordinator:
-        assert self._groups is not None, "node not started"
-        return self._groups
+        return self.core.groups
 
     @property
     def capture(self) -> CapturePath:
@@ -146,7 +144,7 @@ class Node:
         """Why this node should not take traffic yet; None once it has caught up with a metadata group
         that has a leader, is registered as a broker, is connected to NATS and has brought up every
         partition the metadata assigns to it."""
-        if self._nats is None or self._raft is None or self._partitions is None:
+        if self._nats is None or self._raft is None or self._core is None:
             return "starting"
         if not self._raft.ready:
             return "the metadata has not caught up with the Raft group yet"
@@ -157,23 +155,23 @@ class Node:
         registered = self.state.brokers.get(self.server_id)
         if registered is None or registered.incarnation != self.incarnation:
             return "not registered as a broker yet"
-        unopened = self._partitions.unopened()
+        unopened = self._core.partitions.unopened()
         if unopened:
             return f"{len(unopened)} partition(s) not brought up yet, such as {unopened[0][0]}/{unopened[0][1]}"
         return None
 
     async def hand_off_leaderships(self, timeout: float) -> int:
         """Controlled shutdown: the partitions this node leads, to other ISR members (node.handoff)."""
-        if self._raft is None or self._admin is None:
+        if self._raft is None or self._core is None:
             return 0
         moved = await hand_off_leaderships(
-            self.server_id, lambda: self.state, self.call, self._admin.gather_replica_reports, timeout
+            self.server_id, lambda: self.state, self.call, self._core.admin.gather_replica_reports, timeout
         )
         # At once, not when this node's metadata catches up: a leader endpoint still subscribed
         # here would swallow the followers' first requests to the new leader (each a request
         # timeout of stall), and a capture still subscribed, writers' messages.
-        if self._partitions is not None:
-            await self._partitions.withdraw()
+        if self._core is not None:
+            await self._core.partitions.withdraw()
         if moved and self._raft.is_leader:
             # The successors learn that their leadership is committed with this Raft leader's next
             # heartbeat; stopped before it, they would wait for a new Raft leader (0.4 s stalls).
@@ -234,34 +232,20 @@ class Node:
         self._raft.stand_only_while(heartbeats.standing)
         await heartbeats.start()
         self.tasks.start(heartbeats.run(), "metadata heartbeats")
-        self._metadata = MetadataService(
-            self._raft, internal, self.subjects, clustering.replica_max_leader_timeout, self._gather_positions,
-            self.live_brokers, self.config.groups.coordinator_timeout, self.config.stream_defaults,
-        )
-        self._groups = GroupCoordinator(
-            self.server_id, self.config.groups.consumer_timeout, lambda: self.state, self.call, self.tasks,
-        )
-        self._partitions = Partitions(
+        core = self._core = NodeCore(
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
-            self._metadata, self.tasks, self.master_key,
+            self.tasks, self.master_key, self.live_brokers,
         )
-        self._capture = CapturePath(self._capture_connection, self._partitions.schedule_reconcile)
-        self._partitions.switch_capture = self._capture.switch
+        self._capture = CapturePath(self._capture_connection, core.partitions.schedule_reconcile)
+        core.partitions.switch_capture = self._capture.switch
         self._publishing = PublishPath(self._raft, self._envelopes)
-        self._admin = AdminQueries(self.server_id, internal, self.subjects, self._raft, self._partitions)
-        await self._partitions.start()
-        await self._metadata.start()
-        await self._admin.start()
-        self._partitions.schedule_reconcile()
+        await core.start()
         registration = self.tasks.spawn(self._register_broker(raft_address, clean_start), "register broker")
         # Serve once this broker is known to the cluster, so the first CreateStream can place on it;
         # without a metadata leader in sight, serve anyway and answer "no known metadata leader".
         if registration is not None:
             await asyncio.wait({registration}, timeout=REGISTRATION_WAIT)
-        Maintenance(
-            self.config, self.server_id, self._raft, self._metadata, self._partitions, self.tasks, self._groups,
-            self._admin.gather_replica_reports,
-        ).start()
+        core.maintenance.start()
         if self.config.activity.enabled:
             activity = ActivityPublisher(
                 self.config.activity, clustering.namespace, self._raft, self.call, self._publishing
@@ -271,9 +255,9 @@ class Node:
 
     async def stop(self) -> None:
         await self.tasks.close()
-        if self._partitions is not None:
-            await self._partitions.close()
-            if self._losses_recorded and self._partitions.closed_sound:
+        if self._core is not None:
+            await self._core.partitions.close()
+            if self._losses_recorded and self._core.partitions.closed_sound:
                 await asyncio.to_thread(identity.record_clean_shutdown, self.data_dir)
         if self._raft is not None:
             await asyncio.to_thread(self._raft.close)
@@ -318,25 +302,13 @@ class Node:
             self._connecting.cancel()
 
     def _on_metadata_change(self) -> None:
-        if self._partitions is not None:
-            self._partitions.schedule_reconcile()
+        if self._core is not None:
+            self._core.partitions.schedule_reconcile()
 
     async def _register_broker(self, raft_address: str, clean_start: bool) -> None:
         """Registers this incarnation; after an unclean shutdown, the metadata marks this broker's
         ISR memberships unclean in the same command (``MetadataState._register_broker``)."""
-        host, port = self.config.advertised_host, self.api_port
-        wanted = (host, port, raft_address, self.incarnation)
-        while True:
-            registered = self.state.brokers.get(self.server_id)
-            if registered and (registered.host, registered.port, registered.raft, registered.incarnation) == wanted:
-                break
-            try:
-                await self.call(
-                    "register_broker", id=self.server_id, host=host, port=port, raft=raft_address,
-                    incarnation=self.incarnation, unclean=not clean_start,
-                )
-            except NoMetadataLeader:
-                await asyncio.sleep(REGISTRATION_RETRY)
+        await self.core.register(self.config.advertised_host, self.api_port, raft_address, clean_start)
         self._losses_recorded = True
         await self._ensure_cursor_stream()
 
@@ -364,8 +336,7 @@ class Node:
 
     async def call(self, op: str, **args: Any) -> None:
         """Have the metadata leader carry out ``op`` (here, or forwarded to it over NATS)."""
-        assert self._metadata is not None, "node not started"
-        await self._metadata.call(op, **args)
+        await self.core.metadata.call(op, **args)
 
     async def create_stream(
         self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
@@ -430,13 +401,3 @@ class Node:
                 return
             await asyncio.sleep(STREAM_START_POLL)
         log.warning("stream %s: not every partition leader started within %.0f s", stream, STREAM_START_WAIT)
-
-    async def _gather_positions(self, stream: str, partition: int, brokers: Any) -> dict[str, Position]:
-        if not brokers:
-            return {}
-        reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT, set(brokers))
-        key = f"{stream}/{partition}"
-        return {
-            broker: Position(report[key][2], report[key][0])
-            for broker, report in reports.items() if broker in brokers and key in report
-        }

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from bascule.config import Config
 from bascule.metadata.election import Role, replica_role
-from bascule.metadata.raft import MetadataError, MetadataRaft, NoMetadataLeader
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.service import MetadataService
 from bascule.metadata.state import MetadataState, Partition, Stream
+from bascule.natsio.transport import Transport, TransportMessage
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
@@ -29,7 +31,6 @@ from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.concurrency import concurrency_control
-from bascule.partition.transport import ReplicationTransport, TransportMessage
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
@@ -60,9 +61,11 @@ CaptureSwitch = Callable[[LocalPartition, bool], Awaitable[None]]
 
 class Partitions:
     def __init__(
-        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: ReplicationTransport,
-        subjects: Subjects, raft: MetadataRaft, metadata: MetadataService, tasks: Tasks, master_key: MasterKey,
+        self, config: Config, data_dir: Path, server_id: str, incarnation: str, nc: Transport,
+        subjects: Subjects, raft: ReplicatedMetadata, metadata: MetadataService, tasks: Tasks, master_key: MasterKey,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock  # the replicas' (their leases, lag and idle times)
         self.config = config
         self.data_dir = data_dir
         self.server_id = server_id
@@ -367,7 +370,7 @@ class Partitions:
                             " the partition but refuses its writes and reads", stream.name, partition.id,
                             values.problem)
         replica = PartitionReplica(
-            stream.name, partition.id, commit_log, self.sync_policy, time.monotonic, self._notify_followers,
+            stream.name, partition.id, commit_log, self.sync_policy, self.clock, self._notify_followers,
             concurrency_control(stream.name, stream.settings, self.config.streams.concurrency_control), values,
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)

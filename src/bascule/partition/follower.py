@@ -1,4 +1,4 @@
-"""The follower's side of replication (over NATS, or any ``ReplicationTransport``): a loop that
+"""The follower's side of replication (over NATS, or any ``Transport``): a loop that
 runs the pure ``Follower`` machine.
 
 Each action the machine emits is carried out here, in order (a request, a log
@@ -16,9 +16,9 @@ from typing import Any
 from nats.errors import Error as NatsError
 
 from bascule.logcontext import concerning
+from bascule.natsio.transport import Transport
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
-from bascule.partition.transport import ReplicationTransport
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import walked_prefix
 from bascule.wire.pb import internal_pb2
@@ -65,7 +65,7 @@ def _unowned_task(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[An
 class FollowerLoop:
     def __init__(
         self,
-        nc: ReplicationTransport,
+        nc: Transport,
         subjects: Subjects,
         replica: PartitionReplica,
         server_id: str,

@@ -1,4 +1,4 @@
-"""The leader's side of replication (over NATS, or any ``ReplicationTransport``): answering fetches
+"""The leader's side of replication (over NATS, or any ``Transport``): answering fetches
 and epoch queries.
 
 Decisions (what to send, the HW, who is caught up) come from ``PartitionReplica``
@@ -13,9 +13,9 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from bascule.logcontext import concerning
+from bascule.natsio.transport import Transport, TransportMessage, TransportSubscription
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
-from bascule.partition.transport import ReplicationTransport, TransportMessage, TransportSubscription
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2
@@ -28,7 +28,7 @@ RESPONSE_OVERHEAD = 64  # envelope, epoch and HW (and a fragment's sizes), with 
 
 
 class LeaderEndpoint:
-    def __init__(self, nc: ReplicationTransport, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
+    def __init__(self, nc: Transport, subjects: Subjects, replica: PartitionReplica, max_bytes: int) -> None:
         self.nc = nc
         self.subjects = subjects
         self.replica = replica

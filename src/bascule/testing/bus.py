@@ -1,6 +1,6 @@
 """An in-memory message bus for many nodes in one process, with network faults driven by a seed.
 
-Each node's end is a replication transport (``bascule.partition.transport.ReplicationTransport``,
+Each node's end is a replication transport (``bascule.natsio.transport.Transport``,
 satisfied structurally: this package never imports the server's)::
 
     bus = MemoryBus(seed=7, faults=Faults(drop=0.2, duplicate=0.1, delay=(0.0, 0.01)))
@@ -8,6 +8,7 @@ satisfied structurally: this package never imports the server's)::
     bus.partition({"L"}, {"F"})     # nothing crosses, either way
     bus.cut_one_way("L", "F")       # F hears nothing from L; L still hears F
     bus.heal()
+    bus.disconnect("F")             # F crashed: its subscriptions and handlers are gone
 
 Subjects behave as the shells use NATS: a message goes to every subscription of exactly its subject
 (no wildcards: the shells use none), each subscription's handler takes its messages one at a time in
@@ -104,6 +105,7 @@ class BusSubscription:
     queue: deque[BusMessage] = field(default_factory=deque)
     draining: bool = False
     active: bool = True
+    drain: asyncio.Task[None] | None = None
 
     async def unsubscribe(self) -> None:
         self.bus.remove(self)
@@ -125,10 +127,22 @@ class MemoryBus:
         self._subscriptions: dict[str, list[BusSubscription]] = {}
         self._cuts: set[tuple[str, str]] = set()
         self._inbox_numbers = itertools.count()
-        self._drains: set[asyncio.Task[None]] = set()
 
     def node(self, name: str) -> BusTransport:
         return self._nodes.setdefault(name, BusTransport(self, name))
+
+    def disconnect(self, name: str) -> None:
+        """The node ``name`` is gone, as a killed process's connection is: its subscriptions end,
+        the handlers it was running are cancelled, and its transport sends nothing more. Copies it
+        sent that are in flight still arrive. ``node(name)`` then gives a new, connected transport."""
+        transport = self._nodes.pop(name, None)
+        if transport is not None:
+            transport.connected = False
+        for subscriptions in list(self._subscriptions.values()):
+            for subscription in [s for s in subscriptions if s.node == name]:
+                self.remove(subscription)
+                if subscription.drain is not None:
+                    subscription.drain.cancel()
 
     def partition(self, *groups: Iterable[str]) -> None:
         """Cut every node of each group from every node of the others, both ways."""
@@ -198,9 +212,7 @@ class MemoryBus:
         subscription.queue.append(message)
         if not subscription.draining:
             subscription.draining = True
-            drain = asyncio.get_running_loop().create_task(self._drain(subscription))
-            self._drains.add(drain)
-            drain.add_done_callback(self._drains.discard)
+            subscription.drain = asyncio.get_running_loop().create_task(self._drain(subscription))
 
     async def _drain(self, subscription: BusSubscription) -> None:
         """Hand the subscription its messages one at a time, as a NATS subscription does."""
@@ -215,6 +227,7 @@ class MemoryBus:
                     log.exception("a handler on %s (node %s) failed", subscription.subject, subscription.node)
         finally:
             subscription.draining = False
+            subscription.drain = None
 
     def remove(self, subscription: BusSubscription) -> None:
         if not subscription.active:
@@ -229,21 +242,29 @@ class MemoryBus:
 
 
 class BusTransport:
-    """One node's end of the bus: a ``ReplicationTransport``."""
+    """One node's end of the bus: a ``Transport``."""
 
     def __init__(self, bus: MemoryBus, name: str) -> None:
         self.bus = bus
         self.name = name
+        self.connected = True  # until the bus disconnects the node
+
+    def new_inbox(self) -> str:
+        return self.bus.new_inbox(self.name)
 
     @property
     def max_payload(self) -> int:
         return self.bus.max_payload
 
     async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
-        self.bus.publish(self.name, BusMessage(subject, payload, reply))
+        if self.connected:
+            self.bus.publish(self.name, BusMessage(subject, payload, reply))
 
     async def subscribe(self, subject: str, cb: Handler) -> BusSubscription:
-        return self.bus.subscribe(self.name, subject, cb)
+        subscription = self.bus.subscribe(self.name, subject, cb)
+        if not self.connected:
+            self.bus.remove(subscription)
+        return subscription
 
     async def request(self, subject: str, payload: bytes, timeout: float) -> BusMessage:
         first_reply: asyncio.Future[BusMessage] = asyncio.get_running_loop().create_future()
@@ -254,7 +275,8 @@ class BusTransport:
 
         inbox = self.bus.subscribe(self.name, self.bus.new_inbox(self.name), take)
         try:
-            self.bus.publish(self.name, BusMessage(subject, payload, inbox.subject))
+            if self.connected:
+                self.bus.publish(self.name, BusMessage(subject, payload, inbox.subject))
             async with asyncio.timeout(timeout):
                 return await first_reply
         finally:

@@ -848,6 +848,14 @@ class CommitLog:
                 segment.close()
 
 
+    def abandon(self) -> None:
+        """Close every file without syncing or checkpointing: what a killed process leaves behind
+        (the files hold what was written; what was not synced is the disk's to lose)."""
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+
+
 def _nothing_to_sync() -> None:
     pass
 

@@ -91,6 +91,10 @@ class PartitionLog(Protocol):
 
     def close(self) -> None: ...
 
+    def abandon(self) -> None:
+        """Close the files as a crash does: no sync, no checkpoint (the simulator's crash)."""
+        ...
+
     # --- cleaning ---
 
     def enforce_retention(self) -> int: ...

@@ -1,6 +1,7 @@
-"""What the replication shells need from the network: ``ReplicationTransport``.
+"""What a node's parts need from the network: ``Transport``.
 
-The leader endpoint, the follower loop and the node's partition notifications talk through it.
+The leader endpoint, the follower loop, the node's partition notifications, the metadata service and
+the admin queries talk through it.
 On a node it is ``bascule.natsio.sealed.SealedNats`` (which satisfies it structurally, sealing every
 message); in tests and the simulator, ``bascule.testing.bus.MemoryBus``, which can drop, delay,
 duplicate and partition. NATS semantics: a message goes to every subscription of exactly its
@@ -35,10 +36,14 @@ class TransportSubscription(Protocol):
 MessageHandler = Callable[[TransportMessage], Awaitable[None]]
 
 
-class ReplicationTransport(Protocol):
+class Transport(Protocol):
     @property
     def max_payload(self) -> int:
         """The largest payload one message may carry."""
+        ...
+
+    def new_inbox(self) -> str:
+        """A subject of this node's own to take replies on."""
         ...
 
     async def request(self, subject: str, payload: bytes, timeout: float) -> TransportMessage:
