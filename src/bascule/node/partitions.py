@@ -173,7 +173,7 @@ class Partitions:
             wanted = self._wanted(self.raft.state)
             for key in [k for k in self._local if k not in wanted]:
                 await self._close(key, delete=True)
-            assigned = {self._directory(s, p.id) for s, p in wanted.values()}
+            assigned = {self.directory(s, p.id) for s, p in wanted.values()}
             await asyncio.to_thread(self._remove_unassigned_directories, assigned)
             for key, (stream, partition) in wanted.items():
                 try:
@@ -351,7 +351,7 @@ class Partitions:
     async def _open(self, stream: Stream, partition: Partition) -> LocalPartition:
         # Opening recovers the log: it may cut a torn tail and fsync, so not on the event loop.
         commit_log = await asyncio.to_thread(
-            CommitLog.open, self._directory(stream, partition.id), self._log_config(stream)
+            CommitLog.open, self.directory(stream, partition.id), self._log_config(stream)
         )
         synced_end = self._recovering.get((stream.name, partition.id))
         if synced_end is not None:
@@ -375,7 +375,7 @@ class Partitions:
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
 
-    def _directory(self, stream: Stream, partition: int) -> Path:
+    def directory(self, stream: Stream, partition: int) -> Path:
         """Keyed by the stream's incarnation (its creation time), so that a stream deleted and
         created again while this node was down never sees the old one's files."""
         return self.data_dir / "streams" / f"{directory_name(stream.name)}@{stream.created}" / str(partition)
