@@ -388,7 +388,13 @@ class Partitions:
             await local.endpoint.stop()
         await self.switch_capture(local, False)
         local.replica.stop()
-        await asyncio.to_thread(local.replica.close)  # it syncs the log
+        try:
+            await asyncio.to_thread(local.replica.close)  # it syncs the log
+        except Exception:
+            # A full disk, say: the checkpoint or the sync failed, the files are closed all the same.
+            # The other partitions still close; this one was not closed sound.
+            log.exception("%s/%s: closing the log failed", *key)
+            self.closed_sound = False
         if delete:
             await asyncio.to_thread(_remove_partition_directory, local.replica.log.directory)
 

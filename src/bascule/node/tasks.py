@@ -36,7 +36,10 @@ class Tasks:
         return task
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any] | None:
-        """A one-shot task whose failure is logged."""
+        """A one-shot task whose failure is logged; None once the node is closing."""
+        if self.closing:
+            work.close()  # closing the wrapper below would leave ``work`` never awaited
+            return None
         return self.start(self._logged(work, name), name)
 
     async def _logged(self, work: Coroutine[Any, Any, Any], name: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,6 +103,8 @@ class SimNode:
     def _ended(self, life: asyncio.Task[None]) -> None:
         if self._life is life and not life.cancelled() and life.exception() is not None:
             self.failure = life.exception()
+            for line in traceback.format_exception(self.failure):
+                self.trace(line.rstrip())
 
     async def stop(self) -> None:
         """A clean stop: every log synced and closed."""

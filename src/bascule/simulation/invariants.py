@@ -6,9 +6,9 @@
 - A leader's HW never goes down while it leads one leader epoch.
 - At most one leadership acknowledges each offset.
 
-An entry may be lost without breaking these only to power cuts: when every copy of it was lost to
-one (its holders lost power before they synced it; ``forget_lost``), it is exempt, and the offset
-may take another value.
+An entry may be lost without breaking these only to power cuts: when every copy of it in the ISR was
+lost to one (its holders lost power before they synced it; ``forget_lost``), it is exempt, and the
+offset may take another value. (Without fsync, an ack means the entry is in the ISR's memory.)
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Invariants:
                             f"{ack.value!r} was acked there by {ack.node} (leader epoch {ack.leader_epoch})")
 
     def forget_lost(self, key: Key, held: Callable[[int, bytes], bool]) -> list[int]:
-        """After a power cut: the committed offsets no replica holds any more (``held(offset,
+        """After a power cut: the committed offsets no ISR member holds any more (``held(offset,
         value)`` is False) become exempt; returns them."""
         lost = [offset for offset, value in self.committed.get(key, {}).items() if not held(offset, value)]
         lost += [offset for offset, ack in self.acked.get(key, {}).items()

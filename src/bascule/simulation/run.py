@@ -28,6 +28,7 @@ from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.node.capture import when_ackable
 from bascule.partition.replica import Outcome, PartitionReplica
 from bascule.simulation.cluster import SimNode, drifting_clock
+from bascule.simulation.disk import DiskFaults
 from bascule.simulation.invariants import Invariants, Key, Violation
 from bascule.simulation.metadata import MetadataLog
 from bascule.testing import virtual_time
@@ -42,7 +43,7 @@ CHECK_EVERY = 0.02
 MAX_CLOCK_DRIFT = 0.03
 FAULT_KINDS = (
     "kill", "power_cut", "restart", "isolate", "cut_bus", "cut_one_way", "cut_metadata", "lossy_network",
-    "move_metadata_leader", "slow_disk",
+    "move_metadata_leader", "slow_disk", "disk_full", "fsync_error",
 )
 
 
@@ -104,7 +105,8 @@ def simulate(seed: int, faults: int | None = None) -> RunOutcome:
         simulation = Simulation(seed, source, shape, root)
         error = None
         try:
-            virtual_time.run(simulation.run, executor_delay=simulation.disk_delay)
+            with simulation.disks.installed():
+                virtual_time.run(simulation.run, executor_delay=simulation.disk_delay)
         except Exception as exc:  # a bug anywhere is a failed run too, with its traceback in the trace
             violation = _violation(exc)
             if violation is not None:
@@ -133,6 +135,7 @@ class Simulation:
         )
         self.invariants = Invariants(lambda: self.now)
         self.violation: Violation | None = None
+        self.disks = DiskFaults()
         self._disk_delay = 0.0
         self._disk_random = random.Random(source.randrange(1 << 32))
         config = load_config(None, {
@@ -286,6 +289,8 @@ class Simulation:
         if kind in ("kill", "power_cut"):
             if not node.up:
                 return
+            if kind == "power_cut":
+                self.disks.repair(node.data_dir)  # it boots again on a disk that works
             node.crash(power_cut=kind == "power_cut")
             if kind == "power_cut":
                 self._forget_lost()
@@ -324,20 +329,31 @@ class Simulation:
             self.bus.faults = Faults()
         elif kind == "move_metadata_leader":
             self.metadata.move_leader()
+        elif kind in ("disk_full", "fsync_error"):
+            faulty = self.disks.full if kind == "disk_full" else self.disks.fsync_failing
+            streams = node.data_dir / "streams"
+            faulty.add(streams)
+            await asyncio.sleep(duration)
+            faulty.discard(streams)
         elif kind == "slow_disk":
             self._disk_delay = self.random.uniform(0.01, 0.5)
             await asyncio.sleep(duration)
             self._disk_delay = 0.0
 
     def _forget_lost(self) -> None:
-        """After a power cut: entries no node holds any more were lost to power, not to a bug."""
+        """After a power cut: entries no ISR member holds any more were lost to power, not to a bug."""
         for stream, partition in self.keys:
             lost = self.invariants.forget_lost((stream, partition), partial(self._held, stream, partition))
             if lost:
                 self.trace(f"{stream}/{partition}: offsets {lost} lost with every copy to power cuts")
 
     def _held(self, stream: str, partition: int, offset: int, value: bytes) -> bool:
-        return any(node.held(self._directory, stream, partition, offset, value) for node in self.nodes.values())
+        """Whether an ISR member still holds ``value`` at ``offset``. A replica out of the ISR may
+        hold it too, but may never lead: with every ISR copy lost to power cuts the entry is gone,
+        as under Kafka's rules (without fsync, acked means held in the ISR's memory)."""
+        current = self.metadata.state.partition(stream, partition)
+        isr = current.isr if current is not None else ()
+        return any(self.nodes[member].held(self._directory, stream, partition, offset, value) for member in isr)
 
     def _directory(self, node_id: str, partition: int) -> Path | None:
         stream = self.metadata.state.streams.get(STREAM)
@@ -352,6 +368,8 @@ class Simulation:
         self.bus.faults = Faults()
         self.metadata.reconnect()
         self._disk_delay = 0.0
+        self.disks.full.clear()
+        self.disks.fsync_failing.clear()
         for node in self.nodes.values():
             if not node.up:
                 node.start()

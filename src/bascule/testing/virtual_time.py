@@ -10,7 +10,8 @@ its result arrives after a delay the loop's ``executor_delay`` draws (0 by defau
 which is how a slow disk looks to the caller.
 
 Given the same code and the same seeds, a run takes the same steps in the same order: ready callbacks
-run first in, first out, and timers due at the same instant in the order they were scheduled. Only
+run first in, first out, and timers due at the same instant in an order their scheduling fixes
+(asyncio's heap order, not necessarily the order they were set). Only
 iteration over sets of strings depends on the process (PYTHONHASHSEED); fix it to replay a run in
 another process.
 
