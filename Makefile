@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test check soak containers fuse faketime proto clean
+.PHONY: venv run test check soak simulate containers fuse faketime proto clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,14 @@ BASCULE_NEMESIS_FAULTS ?= 300
 soak: venv fuse
 	BASCULE_NEMESIS_FAULTS=$(BASCULE_NEMESIS_FAULTS) $(if $(BASCULE_NEMESIS_SEED),BASCULE_NEMESIS_SEED=$(BASCULE_NEMESIS_SEED)) \
 		$(PY) -m pytest -q -s tests/integration/test_nemesis.py $(PYTEST_ARGS)
+
+# The simulator (src/bascule/simulation): SEEDS seeds of the real node code under seeded faults, on
+# virtual time; each failure prints its seed, faults and trace, and SEEDS=<seed> replays it step for
+# step (PYTHONHASHSEED is fixed so that a replay in another process takes the same steps).
+# `make test` runs the first 240 (tests/unit/test_simulation.py).
+SEEDS ?= 1-1000
+simulate: venv
+	PYTHONHASHSEED=0 $(PY) -m bascule.simulation --seeds $(SEEDS) $(if $(FAULTS),--faults $(FAULTS))
 
 # podman as the Docker API, and bascule's images, for the `containers` tests: compose/podman-setup.sh
 # (about 70 s on a bare machine, under 1 s when done, about 10 s after a source change). Where podman

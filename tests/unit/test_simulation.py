@@ -1,0 +1,58 @@
+"""The simulator (bascule.simulation): seeded runs of the real node code under faults keep every
+invariant, a seed replays exactly, and the simulator finds the compound-fault loss of issue 25 when
+the rule that fixed it is switched off.
+
+``make simulate SEEDS=1-5000`` runs many more seeds; a failure prints its seed, faults and trace.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+
+from bascule.metadata import election
+from bascule.simulation.run import simulate
+
+# Seeds run in every `make test`, over the machine's cores (each in a fresh interpreter with a fixed
+# PYTHONHASHSEED, so that `make simulate SEEDS=<seed>` replays a failure step for step).
+SEEDS = range(1, int(os.environ.get("BASCULE_SIMULATION_SEEDS", "240")) + 1)
+# With choose_leader's unclean rule off, this seed has a follower that lost power elected while the
+# leader holding the acks it lost restarts (found by running seeds 1-300 with the rule off; should a
+# change of the simulator move it, run them again and take the first that fails).
+UNCLEAN_ELECTION_SEED = 14
+
+
+def run_seed(seed: int) -> tuple[int, bool, str]:
+    outcome = simulate(seed)
+    return seed, outcome.ok, outcome.report()
+
+
+@pytest.mark.timeout(900)
+def test_seeded_runs_under_faults_keep_every_invariant(monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(max(1, min(4, os.cpu_count() or 1))) as pool:
+        results = pool.map(run_seed, SEEDS, chunksize=4)
+    failures = [report for _, ok, report in results if not ok]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_a_seed_replays_step_for_step() -> None:
+    first, second = simulate(7), simulate(7)
+    assert first.ok and first.acked > 0
+    assert (first.trace, first.acked, first.virtual_seconds) == (second.trace, second.acked, second.virtual_seconds)
+
+
+def test_with_the_unclean_rule_off_the_simulator_finds_the_loss_of_issue_25(monkeypatch) -> None:
+    real = election.choose_leader
+
+    def ignoring_unclean(candidates, isr, exclude=(), unclean=()):
+        return real(candidates, isr, exclude)
+
+    monkeypatch.setattr(election, "choose_leader", ignoring_unclean)
+    outcome = simulate(UNCLEAN_ELECTION_SEED)
+    assert not outcome.ok, outcome.report()
+    assert "acked" in (outcome.error or ""), outcome.report()
+    assert any("loses power" in line for line in outcome.trace), outcome.report()
