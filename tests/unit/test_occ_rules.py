@@ -1,15 +1,18 @@
 """Optimistic concurrency control: the pure admission rule, which streams it applies to, and the
 expected offsets read from captured NATS payloads (garbage included)."""
 
+import dataclasses
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from bascule.config import ConfigError, load_config
-from bascule.partition.replication.concurrency import NO_EXPECTATION, admitted, concurrency_control
+from bascule.config import Config, ConfigError, load_config
+from bascule.partition.replication.concurrency import NO_EXPECTATION, admitted
 from bascule.wire import capture, envelope
 from bascule.wire.names import ACTIVITY_STREAM, CURSORS_STREAM
 from bascule.wire.pb import api_pb2
+from bascule.wire.settings import effective_settings
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 # Expectations near the log end, so that both verdicts occur, and anything else an int64 holds.
@@ -65,12 +68,22 @@ def test_of_racers_expecting_the_same_offset_exactly_one_wins(next_offset, racer
     assert admitted(next_offset, [[next_offset]] * racers).count(True) == 1
 
 
+def concurrency_control(stream: str, settings: dict, server_default: bool) -> bool:
+    defaults = dataclasses.replace(Config().stream_defaults, concurrency_control=server_default)
+    return effective_settings(stream, settings, defaults).concurrency_control
+
+
 def test_a_streams_own_setting_wins_over_the_server_default():
     setting = "optimistic_concurrency_control"
     assert concurrency_control("s", {setting: True}, server_default=False)
     assert not concurrency_control("s", {setting: False}, server_default=True)
     assert concurrency_control("s", {}, server_default=True)
     assert not concurrency_control("s", {}, server_default=False)
+
+
+def test_the_server_setting_is_the_default():
+    config = load_config(None, {"streams.concurrency.control": True})
+    assert effective_settings("s", {}, config.stream_defaults).concurrency_control
 
 
 def test_the_internal_streams_never_check_expected_offsets():

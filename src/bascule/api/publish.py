@@ -20,11 +20,12 @@ from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
 from bascule.h2grpc.messages import frame
 from bascule.metadata.state import MetadataState
-from bascule.partition.replication.concurrency import IncorrectOffset, concurrency_control
+from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
 from bascule.wire.pb import api_pb2
+from bascule.wire.settings import effective_settings
 
 # An entry holds up to 65,535 headers, two of which each message gets (subject, reply).
 MAX_HEADERS = 65535 - 2
@@ -110,13 +111,15 @@ class PublishRPCs:
         return lane
 
     def _concurrency_controlled(self, stream: str, partition: int) -> bool:
-        """Whether the partition checks expected offsets: as its replica on this node was opened
-        (the stream's setting, else this node's default), else as the stream's own setting says."""
+        """Whether the partition checks expected offsets: as its replica on this node was opened,
+        else as the stream's settings resolve on this node (the stream's own, else the node's)."""
         local = self.replicas.get(stream, partition)
         if local is not None:
             return local.replica.concurrency_control
         meta = self.cluster.state.streams.get(stream)
-        return meta is not None and concurrency_control(stream, meta.settings, server_default=False)
+        if meta is None:
+            return False
+        return effective_settings(stream, meta.settings, self.cluster.stream_defaults).concurrency_control
 
     def _shared_subject(self, stream: str, partition: int) -> bool:
         """Whether another stream captures what is published to this partition's subject: then a

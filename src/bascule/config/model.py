@@ -148,6 +148,7 @@ class Config:
             compact_enabled=streams.compact_enabled, auto_pause_time=streams.auto_pause_time,
             auto_pause_disable_if_subscribers=streams.auto_pause_disable_if_subscribers,
             min_isr=self.clustering.min_insync_replicas, cursors_auto_pause_time=self.cursors.stream_auto_pause_time,
+            concurrency_control=streams.concurrency_control,
         )
 
     @property

@@ -30,7 +30,6 @@ from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
-from bascule.partition.replication.concurrency import concurrency_control
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
@@ -371,7 +370,7 @@ class Partitions:
                             values.problem)
         replica = PartitionReplica(
             stream.name, partition.id, commit_log, self.sync_policy, self.clock, self._notify_followers,
-            concurrency_control(stream.name, stream.settings, self.config.streams.concurrency_control), values,
+            effective_settings(stream.name, stream.settings, self.config.stream_defaults).concurrency_control, values,
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
 

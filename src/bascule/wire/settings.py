@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from bascule.wire.names import CURSORS_STREAM, MAX_REPLICATION_FACTOR
+from bascule.wire.names import CURSORS_STREAM, MAX_REPLICATION_FACTOR, RESERVED_STREAMS
 
 _MAX_INT64 = (1 << 63) - 1
 # Index points hold a segment position as uint32: a segment must stay below 4 GiB.
@@ -92,6 +92,7 @@ class StreamDefaults:
     auto_pause_disable_if_subscribers: bool
     min_isr: int
     cursors_auto_pause_time: float
+    concurrency_control: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,13 +109,16 @@ class EffectiveSettings:
     auto_pause_time: float  # 0: never
     auto_pause_unless_subscribed: bool
     min_isr: int
+    concurrency_control: bool  # Liftbridge's optimistic concurrency control: appends check expected offsets
 
 
 def effective_settings(stream: str, settings: Mapping[str, Any], defaults: StreamDefaults) -> EffectiveSettings:
     """Liftbridge's rules: a 0 segment limit, cleaner interval or min ISR is the default, as an
     absent one, but a 0 retention limit is no limit. The cursors stream is always compacted (its
     records are the latest position of each cursor) and auto-paused by the server's setting, never
-    while read, so that a changed setting takes effect at the next start."""
+    while read, so that a changed setting takes effect at the next start. The server's internal
+    streams never check expected offsets: their writers (cursors, the activity stream) name none,
+    and a default of checking would refuse all but their first message."""
     cursors = stream == CURSORS_STREAM
     return EffectiveSettings(
         segment_max_bytes=settings.get("segment_max_bytes") or defaults.segment_max_bytes,
@@ -129,6 +133,8 @@ def effective_settings(stream: str, settings: Mapping[str, Any], defaults: Strea
         auto_pause_unless_subscribed=cursors or settings.get(
             "auto_pause_disable_if_subscribers", defaults.auto_pause_disable_if_subscribers),
         min_isr=settings.get("min_isr") or defaults.min_isr,
+        concurrency_control=stream not in RESERVED_STREAMS and bool(
+            settings.get("optimistic_concurrency_control", defaults.concurrency_control)),
     )
 
 

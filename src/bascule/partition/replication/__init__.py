@@ -95,9 +95,8 @@ leadership)
 ``concurrency`` (Liftbridge's optimistic concurrency control)
     - ``admitted(next_offset, groups) -> list[bool]``: which groups of records (each a list of
       expected offsets, ``NO_EXPECTATION`` = -1 for any) the leader appends, in order, all or none
-      each; ``Leader.flush`` applies it. ``IncorrectOffset``: a refused group's outcome.
-    - ``concurrency_control(stream, settings, server_default) -> bool``: the stream's option,
-      else the server's default, never for the internal streams.
+      each; ``Leader.flush`` applies it. ``IncorrectOffset``: a refused group's outcome. Whether
+      a stream checks is its effective setting (``wire.settings.effective_settings``).
 
 Elections (leader choice, witness reports, the returning-leader rule, ISR change validation)
 are the metadata leader's: ``bascule.metadata.election``.

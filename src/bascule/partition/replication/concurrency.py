@@ -11,13 +11,9 @@ then get one append and one refusal, whatever the order they arrive in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from bascule.wire.names import RESERVED_STREAMS
+from collections.abc import Iterable, Sequence
 
 NO_EXPECTATION = -1
-SETTING = "optimistic_concurrency_control"  # the stream setting (wire.settings)
 
 
 class IncorrectOffset(Exception):
@@ -40,13 +36,3 @@ def admitted(next_offset: int, groups: Iterable[Sequence[int]]) -> list[bool]:
         if verdict:
             next_offset += len(expectations)
     return verdicts
-
-
-def concurrency_control(stream: str, settings: Mapping[str, Any], server_default: bool) -> bool:
-    """Whether a stream's partitions check expected offsets: the stream's own setting, else the
-    server's ``streams.concurrency.control``. Never the server's internal streams, whose writers
-    (cursors, the activity stream) name no offset: the default would refuse all but their first
-    message."""
-    if stream in RESERVED_STREAMS:
-        return False
-    return bool(settings.get(SETTING, server_default))
