@@ -206,15 +206,17 @@ class SimCluster:
 
     def __init__(
         self, source: random.Random, root: Path, nodes: int = 3, partitions: int = 1, min_isr: int = 2,
-        sync: str = "never", lost_answers: float = 0.02,
+        sync: str = "never", lost_answers: float = 0.02, replication_factor: int | None = None,
     ) -> None:
         self.random = source
         self.partitions = partitions
+        self.replication_factor = replication_factor or nodes
+        node_ids = [f"n{i}" for i in range(nodes)]
         self._loop: asyncio.AbstractEventLoop | None = None
         self.trace_lines: deque[str] = deque(maxlen=TRACE_LINES)
         self.bus = MemoryBus(seed=source.randrange(1 << 32))
         self.metadata = MetadataLog(
-            random.Random(source.randrange(1 << 32)), self.trace, apply_delay=(0.001, 0.05),
+            node_ids, random.Random(source.randrange(1 << 32)), self.trace, apply_delay=(0.001, 0.05),
             election_delay=(0.2, 1.5), lost_answer=lost_answers,
         )
         self.invariants = Invariants(lambda: self.now)
@@ -231,8 +233,9 @@ class SimCluster:
         self.nodes = {
             node_id: SimNode(node_id, root / node_id, config, self.bus, self.metadata, self.live,
                              *drifting_clock(source, MAX_CLOCK_DRIFT), self.trace)
-            for node_id in (f"n{i}" for i in range(nodes))
+            for node_id in node_ids
         }
+        self._sequence = 0
 
     @property
     def now(self) -> float:
@@ -267,7 +270,7 @@ class SimCluster:
                 try:
                     await node.core.metadata.call(
                         "create_stream", name=STREAM, subject=STREAM, group="",
-                        replication_factor=len(self.nodes), partitions=self.partitions, settings={},
+                        replication_factor=self.replication_factor, partitions=self.partitions, settings={},
                     )
                 except (MetadataError, NoMetadataLeader) as exc:
                     self.trace(f"create_stream: {exc}")
@@ -284,20 +287,41 @@ class SimCluster:
         local = node.core.partitions.get(STREAM, partition)
         return local.replica if local is not None and local.replica.is_leader else None
 
-    def write(self, partition: int, value: bytes, replica: PartitionReplica | None = None) -> bool:
+    def write(
+        self, partition: int, value: bytes, replica: PartitionReplica | None = None,
+        outcome: asyncio.Future[int | None] | None = None,
+    ) -> bool:
         """Publish ``value`` with ack policy ALL to ``replica`` (the partition's leader by default), as
-        the API does; its ack is recorded for the invariants. False when there was none to take it."""
+        the API does; its ack is recorded for the invariants, and ``outcome`` gets the offset acked (None:
+        the write failed). False when there was no leader to take it."""
         replica = replica or self.leading_replica(partition)
         if replica is None:
             return False
         try:
-            replica.submit([Record(value)], self._written(replica, replica.leader, value), 0.0005)
+            replica.submit([Record(value)], self._written(replica, replica.leader, value, outcome), 0.0005)
         except Exception:  # NotLeader, a failed or closed replica: the publisher retries elsewhere
             return False
         return True
 
-    def _written(self, replica: PartitionReplica, node: str, value: bytes) -> Outcome:
+    async def publish(self, partition: int, value: bytes, timeout: float = 5.0,
+                      replica: PartitionReplica | None = None) -> int | None:
+        """``write``, awaited: the offset acked, or None (no leader, failed, or no ack within ``timeout``)."""
+        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        if not self.write(partition, value, replica, outcome):
+            return None
+        try:
+            return await asyncio.wait_for(outcome, timeout)
+        except TimeoutError:
+            return None
+
+    def _written(
+        self, replica: PartitionReplica, node: str, value: bytes, outcome: asyncio.Future[int | None] | None,
+    ) -> Outcome:
         key = (replica.stream, replica.partition)
+
+        def settle(offset: int | None) -> None:
+            if outcome is not None and not outcome.done():
+                outcome.set_result(offset)
 
         def acked(offset: int | None, error: BaseException | None) -> None:
             if error is None and offset is not None:
@@ -305,12 +329,35 @@ class SimCluster:
                     self.invariants.ack(key, offset, value, node, replica.leader_epoch)
                 except Violation as exc:
                     self.violation = self.violation or exc
+            settle(offset if error is None else None)
 
         def written(offset: int | None, error: BaseException | None) -> None:
             if error is None and offset is not None:
                 when_ackable(replica, capture.ALL, offset, acked)
+            else:
+                settle(None)
 
         return written
+
+    async def keep_writing(self, every: tuple[float, float] = (0.002, 0.03)) -> None:
+        """Unique values, one at a time, to a random partition's leader, forever."""
+        while True:
+            await asyncio.sleep(self.random.uniform(*every))
+            self._sequence += 1
+            self.write(self.random.randrange(self.partitions), b"v%d" % self._sequence)
+
+    async def until(self, what: str, predicate: Callable[[], object], timeout: float = 30.0) -> None:
+        """Until ``predicate()`` holds (checked every 10 ms of virtual time); Violation after ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            if asyncio.get_running_loop().time() > deadline:
+                raise Violation(f"timed out waiting for {what}: {self.describe()}")
+            await asyncio.sleep(0.01)
+
+    def leader(self, partition: int = 0) -> str | None:
+        """The node the metadata names leader of the partition."""
+        current = self.metadata.state.partition(STREAM, partition)
+        return None if current is None else current.leader
 
     # ---- checking -------------------------------------------------------------------------------
 

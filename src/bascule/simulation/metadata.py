@@ -3,11 +3,13 @@ leader that moves.
 
 What is real: the commands (encoded and decoded as the journal holds them), the state machine that
 applies them (``apply_command``), and everything the nodes do with the result. What is modelled:
-Raft itself. A command a member proposes while it leads is committed at once (one log, one order),
-then reaches each member after its own delay; a member cut off from the group learns nothing until it
-is reconnected, and a leader cut off or crashed loses its leadership, which another connected member
-takes after an election delay. A proposal's outcome can be lost after it committed (the proposer
-then hears ``NoMetadataLeader``), as a real leader's can when it steps down before answering.
+Raft itself. A command a member proposes while it leads is committed at once (one log, one order)
+if a majority of the voters is up and connected, then reaches each member after its own delay; a
+member cut off from the group learns nothing until it is reconnected. A leader cut off, crashed or
+left without a majority loses its leadership, which another connected member holding the whole log
+takes after an election delay, once a majority is up and connected. A proposal's outcome can be
+lost after it committed (the proposer then hears ``NoMetadataLeader``), as a real leader's can when
+it steps down before answering.
 Not modelled: journal loss, membership changes (every node is a voter from the start).
 """
 
@@ -28,9 +30,10 @@ from bascule.wire.commands import Command, decode_command, encode_command
 
 class MetadataLog:
     def __init__(
-        self, random_source: random.Random, trace: Callable[[str], None], apply_delay: tuple[float, float],
-        election_delay: tuple[float, float], lost_answer: float,
+        self, voters: list[str], random_source: random.Random, trace: Callable[[str], None],
+        apply_delay: tuple[float, float], election_delay: tuple[float, float], lost_answer: float,
     ) -> None:
+        self.voters = voters
         self.random = random_source
         self.trace = trace
         self.apply_delay = apply_delay
@@ -64,14 +67,19 @@ class MetadataLog:
         member = self.members.pop(node, None)
         if member is not None:
             member.alive = False
-        if self.leader == node:
+        if self.leader == node or not self.has_majority():
             self._lose_leader()
 
     def cut(self, node: str) -> None:
         """Cut ``node`` off from the group: it hears of no commit, and leads no more."""
         self.cut_off.add(node)
-        if self.leader == node:
+        if self.leader == node or not self.has_majority():
             self._lose_leader()
+
+    def has_majority(self) -> bool:
+        """Whether a majority of the voters is up and connected."""
+        connected = [node for node in self.members if node not in self.cut_off]
+        return 2 * len(connected) > len(self.voters)
 
     def reconnect(self) -> None:
         self.cut_off.clear()
@@ -80,12 +88,19 @@ class MetadataLog:
         if self.leader is None:
             self._schedule_election()
 
-    def move_leader(self) -> None:
-        """The leader steps down (a timeout, a transfer): another election."""
-        if self.leader is not None:
+    def move_leader(self, to: str | None = None) -> None:
+        """The leader steps down (a timeout), or hands over to ``to`` (pysyncobj's transferLeadership)."""
+        if to is not None and self.leader != to and to in self.members and to not in self.cut_off:
+            self.leader = to
+            self.term += 1
+            self.trace(f"metadata leader {to} (term {self.term}, handed over)")
+            self._notify_all()
+        elif to is None and self.leader is not None:
             self._lose_leader()
 
     def _lose_leader(self) -> None:
+        if self.leader is None:
+            return
         self.trace(f"metadata leader {self.leader} lost (term {self.term})")
         self.leader = None
         self._notify_all()
@@ -103,10 +118,8 @@ class MetadataLog:
             node for node, member in self.members.items()
             if node not in self.cut_off and member.applied == self.commit_index
         )
-        if not candidates:
-            reachable = [member for node, member in self.members.items() if node not in self.cut_off]
-            if reachable:
-                self._schedule_election()  # they are catching up
+        if not candidates or not self.has_majority():
+            self._schedule_election()  # they are catching up, or a majority is not there yet
             return
         self.leader = self.random.choice(candidates)
         self.term += 1
@@ -118,6 +131,9 @@ class MetadataLog:
             member.watch.notify()
 
     def commit(self, command: bytes) -> int:
+        if not self.has_majority():
+            self._lose_leader()
+            raise NoMetadataLeader("no majority of the metadata voters is up and connected")
         state, refusal = apply_command(self.state, command)
         self.states.append(state)
         decoded = decode_command(command)

@@ -103,27 +103,19 @@ class Run:
         self.shape = shape
         self.random = cluster.random
         self.fault_log: list[str] = []
-        self._sequence = 0
 
     async def run(self) -> None:
         cluster = self.cluster
         await cluster.start()
         async with asyncio.TaskGroup() as group:
             checker = group.create_task(cluster.keep_checking())
-            writer = group.create_task(self._write())
+            writer = group.create_task(cluster.keep_writing())
             await self._faults(group)
             cluster.heal()
             writer.cancel()
             await cluster.settle(SETTLE_TIME)
             checker.cancel()
         cluster.final()
-
-    async def _write(self) -> None:
-        """Unique values, one at a time, to a random partition's leader."""
-        while True:
-            await asyncio.sleep(self.random.uniform(0.002, 0.03))
-            self._sequence += 1
-            self.cluster.write(self.random.randrange(self.shape.partitions), b"v%d" % self._sequence)
 
     async def _faults(self, group: asyncio.TaskGroup) -> None:
         shape, nodes = self.shape, sorted(self.cluster.nodes)
