@@ -32,7 +32,7 @@ from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey
 from bascule.partition.log import CommitLog
 from bascule.partition.replica import Outcome, PartitionReplica
-from bascule.simulation.disk import DiskFaults
+from bascule.simulation.disk import Disks
 from bascule.simulation.invariants import Invariants, Key, Violation
 from bascule.simulation.metadata import MetadataLog
 from bascule.testing import virtual_time
@@ -53,11 +53,12 @@ MAX_CLOCK_DRIFT = 0.03
 
 class SimNode:
     def __init__(
-        self, node_id: str, data_dir: Path, config: Config, bus: MemoryBus, metadata: MetadataLog,
+        self, node_id: str, data_dir: Path, config: Config, bus: MemoryBus, metadata: MetadataLog, disks: Disks,
         live: Callable[[], list[str]], clock_rate: float, clock_offset: float, trace: Callable[[str], None],
     ) -> None:
         self.id = node_id
         self.data_dir = data_dir
+        self.disks = disks
         self.config = config
         self.bus = bus
         self.metadata = metadata
@@ -138,26 +139,21 @@ class SimNode:
 
     def crash(self, power_cut: bool) -> None:
         """Killed now: nothing more goes out, no task runs on, the files keep what was written. With
-        ``power_cut``, each log then loses what its last successful fsync did not cover."""
+        ``power_cut``, the files then lose what no fsync covered (``Disks.power_cut``)."""
         life = self._life
         if life is None:
             return
         self.trace(f"{self.incarnation} {'loses power' if power_cut else 'is killed'}")
         self._gone()
-        synced: dict[Path, int] = {}
         if self.core is not None:
             for local in self.core.partitions.all():
-                replica = local.replica
-                synced[replica.log.directory] = replica.log.synced_end
-                replica.stop()
-                replica.log.abandon()
+                local.replica.stop()
+                local.replica.log.abandon()
         life.cancel()
         if power_cut:
-            for directory, synced_end in synced.items():
-                lost = _cut_back(directory, synced_end)
-                if lost:
-                    self.trace(f"{self.id}: partition {directory.name} lost offsets "
-                               f"{synced_end}..{synced_end + lost - 1} to the power cut")
+            self.disks.repair(self.data_dir)  # it boots again on a disk that works
+            lost = self.disks.power_cut(self.data_dir)
+            self.trace(f"{self.id}: {lost} bytes not fsynced lost to the power cut")
 
     def _gone(self) -> None:
         self._life = None
@@ -180,19 +176,6 @@ class SimNode:
             finally:
                 commit_log.abandon()
         return bool(entries) and entries[0].offset == offset and entries[0].value == value
-
-
-def _cut_back(directory: Path, synced_end: int) -> int:
-    """What a power cut leaves of the log in ``directory``: what its last fsync covered. Returns how
-    many entries it lost."""
-    commit_log = CommitLog.open(directory)
-    try:
-        lost = max(0, commit_log.next_offset - synced_end)
-        if lost:
-            commit_log.truncate(synced_end)
-        return lost
-    finally:
-        commit_log.close()
 
 
 def drifting_clock(random_source: random.Random, max_drift: float) -> tuple[float, float]:
@@ -221,7 +204,7 @@ class SimCluster:
         )
         self.invariants = Invariants(lambda: self.now)
         self.violation: Violation | None = None
-        self.disks = DiskFaults()
+        self.disks = Disks()
         self.disk_slowness = 0.0  # the longest a thread's job (an fsync, a log opening) is seen late
         self._disk_random = random.Random(source.randrange(1 << 32))
         config = load_config(None, {
@@ -231,7 +214,7 @@ class SimCluster:
             "streams.sync": sync, "cursors.stream.partitions": 0,
         })
         self.nodes = {
-            node_id: SimNode(node_id, root / node_id, config, self.bus, self.metadata, self.live,
+            node_id: SimNode(node_id, root / node_id, config, self.bus, self.metadata, self.disks, self.live,
                              *drifting_clock(source, MAX_CLOCK_DRIFT), self.trace)
             for node_id in node_ids
         }
@@ -393,7 +376,6 @@ class SimCluster:
         node = self.nodes[node_id]
         if not node.up:
             return
-        self.disks.repair(node.data_dir)  # it boots again on a disk that works
         node.crash(power_cut=True)
         for stream, partition in self.keys:
             lost = self.invariants.forget_lost((stream, partition), partial(self._held, stream, partition))
@@ -484,12 +466,17 @@ class SimCluster:
         return " | ".join(parts)
 
     def final(self) -> None:
-        """The last checks, on a converged cluster: every acked entry not lost to power is there."""
+        """The last checks, on a converged cluster: every acked entry not lost to power is in the
+        leader's log, and every replica holds exactly that log."""
         self.check()
         for stream, partition in self.keys:
             leading = self.leading_replica(partition)
-            assert leading is not None
-            self.invariants.final((stream, partition), _reader(leading), leading.log.next_offset)
+            current = self.metadata.state.partition(stream, partition)
+            assert leading is not None and current is not None
+            others = {node: self.replica(node, partition) for node in current.replicas if node != current.leader}
+            self.invariants.final((stream, partition), _reader(leading), leading.log.next_offset, {
+                node: _reader(replica) for node, replica in others.items() if replica is not None
+            })
 
 
 def _reader(replica: PartitionReplica) -> Callable[[int, int], list[tuple[int, bytes]]]:
