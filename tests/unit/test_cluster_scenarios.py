@@ -342,3 +342,34 @@ def test_control_a_leader_resuming_its_old_epoch_after_a_power_cut_is_caught(mon
 
     with pytest.raises(Violation):
         scenario(script, nodes=3, min_isr=2)
+
+
+def test_a_witness_that_lost_power_after_its_report_is_not_elected_on_its_old_position() -> None:
+    """Found by the simulator (seed 5389 at 14 faults). L dies; F1 reports it with its whole log,
+    then loses power and comes back unregistered; F2, which lost power too, comes back and reports
+    L, completing the quorum. An election on the positions the reports carried would pick F1 (clean
+    as far as the metadata knew) and drop L, the one holding every ack, from the ISR; positions
+    gathered at the quorum come only from registered incarnations, and the partition waits for L."""
+    async def script(cluster: SimCluster) -> None:
+        await acked(cluster, 20)
+        leader = cluster.leader()
+        assert leader is not None
+        f1, f2 = followers(cluster)
+        bystander = sorted(set(cluster.nodes) - {leader, f1, f2})[0]
+        cluster.metadata.move_leader(to=bystander)
+        cluster.kill(leader)
+        cluster.power_cut(f2)
+        await asyncio.sleep(1.5)  # F1's report of L is in: one witness of two
+        cluster.nodes[f2].start()
+        await cluster.until("F2 registered", lambda: registered(cluster, f2))  # it reports L a second later
+        cluster.power_cut(f1)
+        cluster.nodes[f1].start()
+        cluster.bus.partition({f1}, set(cluster.nodes) - {f1})  # its new incarnation cannot register
+        await asyncio.sleep(3.0)  # F2's report completes the quorum
+        current = cluster.metadata.state.partition("sim", 0)
+        assert current is not None and current.leader == leader and leader in current.isr, cluster.describe()
+        cluster.heal_network()
+        cluster.nodes[leader].start()
+
+    cluster = scenario(script, nodes=5, replication_factor=3, min_isr=1)
+    assert cluster.invariants.exempt_acks == 0

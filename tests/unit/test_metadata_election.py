@@ -237,11 +237,22 @@ VIEW = PartitionView(
 )
 
 
-def test_a_reported_leader_is_replaced_by_the_most_advanced_witness():
+def test_a_reported_leader_is_replaced_by_the_most_advanced_isr_member_as_gathered_after_the_quorum():
     elections = Elections()
-    assert elections.leader_reported("p", VIEW, "L", 3, "a", Position(3, 10), now=0.0) is None
-    decision = elections.leader_reported("p", VIEW, "L", 3, "b", Position(3, 12), now=1.0)
-    assert decision == Elect("b", ("a", "b"), leader_epoch=3, epoch=7)
+    assert not elections.leader_reported("p", VIEW, "L", 3, "a", now=0.0)
+    assert elections.leader_reported("p", VIEW, "L", 3, "b", now=1.0)
+    positions = {"a": Position(3, 10), "b": Position(3, 12), "L": Position(3, 20)}
+    assert elections.successor(VIEW, "L", 3, positions) == Elect("b", ("a", "b"), leader_epoch=3, epoch=7)
+
+
+def test_no_successor_once_the_metadata_moved_on_or_while_an_unclean_member_may_have_lost_acks():
+    elections = Elections()
+    positions = {"a": Position(3, 10), "b": Position(3, 12)}
+    assert elections.successor(VIEW, "L", 2, positions) is None  # an older epoch's failure
+    assert elections.successor(VIEW, "a", 3, positions) is None  # not the leader
+    # b restarted uncleanly and a is silent: b may have lost what a holds.
+    unclean = PartitionView("L", 3, 7, frozenset({"L", "a", "b"}), frozenset({"L", "a", "b"}), frozenset({"b"}))
+    assert elections.successor(unclean, "L", 3, {"b": Position(3, 12)}) is None
 
 
 def test_a_returning_leader_that_lost_its_tail_hands_over_to_the_isr_member_holding_more():
@@ -280,7 +291,7 @@ def test_a_stale_return_elects_nobody():
 
 def test_an_election_clears_the_reports_of_the_old_epoch():
     elections = Elections()
-    elections.leader_reported("p", VIEW, "L", 3, "a", Position(3, 10), now=0.0)
+    elections.leader_reported("p", VIEW, "L", 3, "a", now=0.0)
     elections.elected("p", 4, now=1.0)
     assert elections.reports.witnesses("p") == frozenset()
 
@@ -312,8 +323,8 @@ def test_issue_25_a_follower_that_lost_power_is_not_elected_in_place_of_the_dead
     the quorum (1 of 1), but nobody is elected until L returns; then L, which kept its log, leads."""
     view = PartitionView("L", 3, 7, frozenset({"L", "F1"}), frozenset({"L", "F1", "F2"}), frozenset({"F1"}))
     elections = Elections(return_patience=5.0)
-    assert elections.leader_reported("p", view, "L", 3, "F1", Position(-1, 0), now=0.0) is None
-    assert elections.leader_reported("p", view, "L", 3, "F1", Position(-1, 0), now=2.0) is None
+    assert elections.leader_reported("p", view, "L", 3, "F1", now=0.0)  # the quorum: 1 of 1
+    assert elections.successor(view, "L", 3, {"F1": Position(-1, 0)}) is None
     returned = PartitionView(view.leader, 3, 8, view.isr, view.replicas, frozenset({"F1", "L"}))
     positions = {"L": Position(3, 1515), "F1": Position(-1, 0)}
     assert elections.leader_returned("p", returned, "L", 3, positions, now=3.0) == Elect("L", ("F1", "L"), 3, 8)

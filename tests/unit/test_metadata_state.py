@@ -204,7 +204,7 @@ def test_the_journaled_apply_never_raises_and_is_a_no_op(monkeypatch):
     ("create_stream", {"name": "x", "subject": "x", "group": "", "replication_factor": 1,
                        "partitions": 1, "settings": {}, "replicas": [["a"]]}),
     ("report_leader", {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 2 ** 64,
-                       "reporter": "b", "last_epoch": 0, "log_end_offset": 0}),
+                       "reporter": "b"}),
     ("leader_returned", {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0,
                          "last_epoch": 0, "log_end_offset": -7}),
     ("explode", {}),

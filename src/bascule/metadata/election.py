@@ -109,7 +109,7 @@ class LeaderFailureReports:
         # before it was ready to answer.
         self.election_grace = election_grace
         self.leave_memory = leave_memory
-        self._reports: dict[Hashable, tuple[str, int, dict[str, tuple[float, Position | None]]]] = {}
+        self._reports: dict[Hashable, tuple[str, int, dict[str, float]]] = {}  # witness -> when it reported
         self._elected: dict[Hashable, tuple[int, float]] = {}
         self._left: dict[Hashable, dict[str, tuple[int, float]]] = {}
         self._term: tuple[int, float] | None = None  # (metadata Raft term led, first seen leading it)
@@ -150,9 +150,8 @@ class LeaderFailureReports:
         isr: Collection[str],
         replicas: Collection[str] = (),
         now: float = 0.0,
-        position: Position | None = None,
     ) -> ReportVerdict:
-        """Count ``reporter``'s report; its ``position`` makes it a candidate for the succession."""
+        """Count ``reporter``'s report."""
         if leader is None or reported_leader != leader or leader_epoch != epoch:
             return ReportVerdict.STALE
         if reporter == leader or reporter not in isr:
@@ -165,21 +164,14 @@ class LeaderFailureReports:
             current = (leader, epoch, {})
             self._reports[partition] = current
         witnesses = current[2]
-        witnesses[reporter] = (now, position)
+        witnesses[reporter] = now
         if self.report_ttl is not None:
-            for rid in [r for r, (at, _) in witnesses.items() if now - at > self.report_ttl]:
+            for rid in [r for r, at in witnesses.items() if now - at > self.report_ttl]:
                 del witnesses[rid]
         valid = sum(1 for rid in witnesses if rid in isr and rid != leader)
         if valid >= witness_quorum(self._quorum_members(partition, isr, replicas, epoch, now), leader):
             return ReportVerdict.LEADER_FAILED
         return ReportVerdict.RECORDED
-
-    def positions(self, partition: Hashable) -> dict[str, Position]:
-        """The positions the current witnesses of ``partition`` reported."""
-        current = self._reports.get(partition)
-        if current is None:
-            return {}
-        return {rid: position for rid, (_, position) in current[2].items() if position is not None}
 
     def witnesses(self, partition: Hashable) -> frozenset[str]:
         current = self._reports.get(partition)
@@ -242,7 +234,9 @@ class Elections:
     """The metadata leader's election decisions, across partitions.
 
     - A leader reported silent by a quorum of its ISR followers (Liftbridge's witness rule) is
-      replaced by the witness with the greatest position; it leaves the ISR.
+      replaced by the ISR member with the greatest position, among positions gathered once the
+      quorum is there (never those reports carried: a reporter may have lost power and restarted
+      since, its log shorter, before the metadata knows of its new incarnation); it leaves the ISR.
     - A leader that comes back from a restart (crash, power cut or graceful) never resumes its
       old leader epoch: it may have lost the unsynced tail of its log, and followers holding
       more would otherwise keep entries it no longer has and then append its new ones after them
@@ -266,18 +260,26 @@ class Elections:
 
     def leader_reported(
         self, partition: Hashable, view: PartitionView, reported_leader: str, reported_epoch: int,
-        reporter: str, position: Position, now: float,
-    ) -> Elect | None:
+        reporter: str, now: float,
+    ) -> bool:
+        """Count the report; whether the leader now counts as failed (then gather the ISR's
+        positions and ask for its ``successor``)."""
         verdict = self.reports.report(
             partition, reported_leader, reported_epoch, reporter,
             leader=view.leader, epoch=view.leader_epoch, isr=view.isr, replicas=view.replicas, now=now,
-            position=position,
         )
-        if verdict is not ReportVerdict.LEADER_FAILED or view.leader is None:
+        return verdict is ReportVerdict.LEADER_FAILED and view.leader is not None
+
+    def successor(
+        self, view: PartitionView, failed_leader: str, failed_epoch: int, positions: Mapping[str, Position],
+    ) -> Elect | None:
+        """Who replaces ``failed_leader`` (of ``failed_epoch``, reported failed), from the positions
+        its ISR members gave since; None when the metadata moved on meanwhile, or no one may lead yet."""
+        if view.leader != failed_leader or view.leader_epoch != failed_epoch:
             return None
-        candidates = [Candidate(rid, *pos) for rid, pos in self.reports.positions(partition).items()]
-        new_leader = choose_leader(candidates, view.isr, exclude={view.leader}, unclean=view.unclean)
-        return None if new_leader is None else _elect(view, new_leader, view.leader)
+        candidates = [Candidate(rid, *pos) for rid, pos in positions.items() if rid in view.isr]
+        new_leader = choose_leader(candidates, view.isr, exclude={failed_leader}, unclean=view.unclean)
+        return None if new_leader is None else _elect(view, new_leader, failed_leader)
 
     def leader_returned(
         self, partition: Hashable, view: PartitionView, leader: str, leader_epoch: int,

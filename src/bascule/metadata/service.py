@@ -189,17 +189,16 @@ class MetadataService:
             name=name, subject=subject, group=group, created=time.time_ns(), settings=settings, replicas=replicas,
         ))
 
-    async def _report_leader(
-        self, stream: str, partition: int, leader: str, leader_epoch: int, reporter: str,
-        last_epoch: int, log_end_offset: int,
-    ) -> None:
-        """Liftbridge's witness rule: a quorum of ISR followers must report before the leader moves."""
+    async def _report_leader(self, stream: str, partition: int, leader: str, leader_epoch: int, reporter: str) -> None:
+        """Liftbridge's witness rule: a quorum of ISR followers must report before the leader moves;
+        the successor is chosen on positions gathered then, from the registered incarnations."""
         view = self._view(stream, partition)
         self._elections.reports.metadata_term(self.raft.term, self.clock())
-        decision = self._elections.leader_reported(
-            (stream, partition), view, leader, leader_epoch, reporter,
-            Position(last_epoch, log_end_offset), self.clock(),
-        )
+        if not self._elections.leader_reported((stream, partition), view, leader, leader_epoch, reporter, self.clock()):
+            return
+        positions = await self._gather_positions(stream, partition, view.isr - {leader})
+        view = self._view(stream, partition)
+        decision = self._elections.successor(view, leader, leader_epoch, positions)
         if decision is None:
             if view.unclean:
                 log.info("%s/%s: leader %s reported by %s; not electing the unclean %s while no clean ISR member "

@@ -308,12 +308,10 @@ class Partitions:
             return
         log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
                     replica.stream, replica.partition, leader, leader_epoch)
-        last_epoch, log_end_offset = replica.position()
         try:
             await self.metadata.call(
                 "report_leader", stream=replica.stream, partition=replica.partition, leader=leader,
                 leader_epoch=leader_epoch, reporter=self.server_id,
-                last_epoch=last_epoch, log_end_offset=log_end_offset,
             )
         except (MetadataError, NoMetadataLeader) as exc:
             log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)

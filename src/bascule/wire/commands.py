@@ -280,7 +280,7 @@ REQUESTS: dict[str, dict[str, Check]] = {
     },
     "report_leader": {
         "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH,
-        "reporter": _BROKER, **_POSITION,
+        "reporter": _BROKER,
     },
     "leader_returned": {
         "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, **_POSITION,
