@@ -145,6 +145,8 @@ class Maintenance:
         that could not be opened is tried again."""
         now = self.clock()
         timeout = self.config.clustering.replica_max_leader_timeout
+        for key in [k for k, at in self._handed_off_at.items() if now > at + timeout]:
+            del self._handed_off_at[key]  # bounded: only hand-offs within the last leader timeout
         for key, local in self.partitions.items():
             replica = local.replica
             if replica.closed or key in self._disk_jobs:

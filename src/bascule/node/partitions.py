@@ -170,6 +170,11 @@ class Partitions:
             if self._withdrawn:
                 return
             wanted = self._wanted(self.raft.state)
+            # Bounded: an epoch not to resume matters only while the metadata still names it.
+            self._not_resumed = {
+                (s, p, epoch) for s, p, epoch in self._not_resumed
+                if (s, p) in wanted and wanted[s, p][1].leader_epoch == epoch
+            }
             for key in [k for k in self._local if k not in wanted]:
                 await self._close(key, delete=True)
             assigned = {self.directory(s, p.id) for s, p in wanted.values()}
