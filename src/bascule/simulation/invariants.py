@@ -92,8 +92,7 @@ class Invariants:
         value)`` is False) become exempt; returns them."""
         lost = [offset for offset, value in self.committed.get(key, {}).items() if not held(offset, value)]
         lost += [offset for offset, ack in self.acked.get(key, {}).items()
-                 if offset not in self.committed.get(key, {}) and offset not in self.exempt.get(key, set())
-                 and not held(offset, ack.value)]
+                 if offset not in self.committed.get(key, {}) and not held(offset, ack.value)]
         for offset in lost:
             self.committed.get(key, {}).pop(offset, None)
             self.exempt.setdefault(key, set()).add(offset)
