@@ -343,3 +343,37 @@ async def test_a_leader_its_followers_stopped_hearing_from_acks_nothing_until_th
             await endpoint.stop()
             leader.close()
             follower_replica.close()
+
+
+async def test_a_stranger_answering_every_request_first_does_not_stop_the_sealed_answer(tmp_path) -> None:
+    """A plain NATS client answering every request on the namespace at once: its replies do not
+    open and are dropped; the sealed answer that comes after them is the one the request gets. With
+    only the stranger answering, the request times out (no answer), and with nobody subscribed NATS
+    says so at once."""
+    async with loopback_nats(tmp_path) as (internal, subjects):
+        nc = internal.client
+        subject = subjects.propagate
+        stranger_nc = await nats.connect(nc.connected_url.geturl())
+
+        async def stranger(msg) -> None:
+            await stranger_nc.publish(msg.reply, b"x")
+
+        async def member(msg) -> None:
+            await asyncio.sleep(0.05)  # after the stranger's
+            await internal.publish(msg.reply, b"sealed answer to " + msg.data)
+
+        try:
+            with pytest.raises(nats.errors.NoRespondersError):
+                await internal.request(subject, b"anyone?", timeout=2)
+            await stranger_nc.subscribe(subject, cb=stranger)
+            await stranger_nc.flush()
+            with pytest.raises(TimeoutError):
+                await internal.request(subject, b"only the stranger", timeout=0.3)
+            await internal.subscribe(subject, cb=member)
+            await internal.flush()
+            for i in range(20):
+                reply = await internal.request(subject, b"question %d" % i, timeout=2)
+                assert reply.data == b"sealed answer to question %d" % i
+            assert internal.rejected[Rejection.MALFORMED] + internal.rejected[Rejection.BAD_TAG] >= 21
+        finally:
+            await stranger_nc.close()
