@@ -19,6 +19,9 @@ COMPONENT_LOGGERS = {
     "nats": ("nats", "bascule.natsio"),
     "recovery": ("bascule.partition.log",),
 }
+# Libraries whose debug lines hold what a client sent byte for byte (hpack: every header block,
+# authorization tokens included): never below INFO, whatever the level.
+VERBATIM_LOGGERS = ("hpack",)
 # Fields that say what a line concerns: from the logging task (logcontext) or extra=...
 CONTEXT_FIELDS = ("stream", "partition")
 
@@ -65,3 +68,5 @@ def configure(config: LoggingConfig, stream: TextIO = sys.stderr) -> None:
         level = logging.NOTSET if getattr(config, component) else logging.WARNING
         for name in names:
             logging.getLogger(name).setLevel(level)
+    for name in VERBATIM_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)

@@ -14,7 +14,8 @@ from bascule.config import load_config
 def restore_logging():
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    levels = {name: logging.getLogger(name).level for names in logs.COMPONENT_LOGGERS.values() for name in names}
+    names = [*(n for group in logs.COMPONENT_LOGGERS.values() for n in group), *logs.VERBATIM_LOGGERS]
+    levels = {name: logging.getLogger(name).level for name in names}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
@@ -47,6 +48,17 @@ def test_components_log_warnings_only_unless_switched_on(restore_logging):
     text = out.getvalue()
     assert "raft detail" in text and "node detail" in text and "nats trouble" in text
     assert "nats detail" not in text
+
+
+def test_header_blocks_are_not_logged_even_at_debug(restore_logging):
+    """hpack logs every header block it decodes at debug, a client's authorization token included."""
+    import hpack
+
+    out = io.StringIO()
+    logs.configure(load_config(None, {"logging.level": "debug"}).logging, out)
+    block = hpack.Encoder().encode([(":path", "/proto.API/Publish"), ("authorization", "Bearer s3cret-token")])
+    hpack.Decoder().decode(block)
+    assert "s3cret-token" not in out.getvalue()
 
 
 def test_logging_keys_are_checked():
