@@ -819,3 +819,68 @@ async def test_authorization_by_casbin_policy_on_the_client_certificate(tmp_path
             assert responses["2"].asyncError.code == api_pb2.PublishAsyncError.Code.PERMISSION_DENIED
             # the health service answers everyone
             assert (await health_pb2_grpc.HealthStub(bob).Check(Check(service=""), timeout=5)).status == SERVING
+
+
+async def test_authorization_covers_ack_inboxes_and_consumer_groups(tmp_path):
+    """Stricter than Liftbridge: an ackInbox is a publish to its subject, and the consumer group calls
+    need Subscribe on the group's streams; a group the caller may not see is refused like one it
+    may not use, never NOT_FOUND."""
+    ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
+    _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
+    certified = {name: issue(tmp_path, name, (ca, ca_key))[2:] for name in ("alice", "bob")}
+    (tmp_path / "model.conf").write_text(ACL_MODEL)
+    (tmp_path / "policy.csv").write_text(
+        "p, alice, orders, CreateStream\np, alice, orders, Publish\np, alice, orders, Subscribe\n"
+        "p, alice, orders.acks, PublishToSubject\np, bob, orders, Publish\n")
+    settings = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
+                "tls.client.auth.ca": str(ca_file), "tls.client.authz.enabled": True,
+                "tls.client.authz.model": str(tmp_path / "model.conf"),
+                "tls.client.authz.policy": str(tmp_path / "policy.csv")}
+    (tmp_path / "node").mkdir()
+    async with running_node(tmp_path / "node", **settings) as (_node, address):
+
+        def channel(name: str) -> grpc.aio.Channel:
+            cert, key = certified[name]
+            credentials = grpc.ssl_channel_credentials(ca_file.read_bytes(), key.read_bytes(), cert.read_bytes())
+            return grpc.aio.secure_channel(address, credentials)
+
+        async with channel("alice") as alice_channel, channel("bob") as bob_channel:
+            alice, bob = api_pb2_grpc.APIStub(alice_channel), api_pb2_grpc.APIStub(bob_channel)
+            await alice.CreateStream(api_pb2.CreateStreamRequest(subject="orders", name="orders"), timeout=10)
+
+            # An ack inbox needs PublishToSubject on it: bob may publish to orders, not to "other.in".
+            error = await rpc_error(bob.Publish(api_pb2.PublishRequest(
+                stream="orders", value=b"v", ackInbox="other.in", ackPolicy=api_pb2.AckPolicy.LEADER), timeout=5))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+            assert "PublishToSubject on resource other.in" in error.details()
+
+            async def requests():
+                yield api_pb2.PublishRequest(stream="orders", value=b"v", ackInbox="other.in", correlationId="1",
+                                             ackPolicy=api_pb2.AckPolicy.LEADER)
+                yield api_pb2.PublishRequest(stream="orders", value=b"v", correlationId="2",
+                                             ackPolicy=api_pb2.AckPolicy.LEADER)
+
+            responses = {r.correlationId: r async for r in bob.PublishAsync(requests(), timeout=10)}
+            assert responses["1"].asyncError.code == api_pb2.PublishAsyncError.Code.PERMISSION_DENIED
+            assert not responses["2"].HasField("asyncError")
+            ack = await alice.Publish(api_pb2.PublishRequest(stream="orders", value=b"v", ackInbox="orders.acks",
+                                                             ackPolicy=api_pb2.AckPolicy.LEADER), timeout=5)
+            assert ack is not None
+
+            # Consumer groups: Subscribe on the group's streams.
+            joined = await alice.JoinConsumerGroup(
+                api_pb2.JoinConsumerGroupRequest(groupId="g", consumerId="a1", streams=["orders"]), timeout=10)
+            for call in (
+                bob.JoinConsumerGroup(api_pb2.JoinConsumerGroupRequest(groupId="g", consumerId="b1",
+                                                                       streams=["orders"]), timeout=5),
+                bob.LeaveConsumerGroup(api_pb2.LeaveConsumerGroupRequest(groupId="g", consumerId="a1"), timeout=5),
+                bob.FetchConsumerGroupAssignments(api_pb2.FetchConsumerGroupAssignmentsRequest(
+                    groupId="no-such-group", consumerId="b1", epoch=0), timeout=5),
+                alice.FetchConsumerGroupAssignments(api_pb2.FetchConsumerGroupAssignmentsRequest(
+                    groupId="no-such-group", consumerId="a1", epoch=0), timeout=5),
+            ):
+                error = await rpc_error(call)
+                assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+            assignments = await alice.FetchConsumerGroupAssignments(api_pb2.FetchConsumerGroupAssignmentsRequest(
+                groupId="g", consumerId="a1", epoch=joined.epoch), timeout=5)
+            assert [a.stream for a in assignments.assignments] == ["orders"]

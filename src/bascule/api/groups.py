@@ -1,8 +1,8 @@
 """Liftbridge's consumer group RPCs: join, leave, fetch assignments (the member's heartbeat, served
 by the group's coordinator) and report an unresponsive coordinator.
 
-Like Liftbridge, these calls are not subject to the Casbin authorization of the other RPCs (it
-names no resource for them)."""
+Under Casbin authorization they need Subscribe on the group's streams, where Liftbridge checks
+nothing (``api.authz``)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from bascule.api.authz import Authorization, denial
+from bascule.api.authz import Authorization, ack_inbox_rights
 from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
@@ -186,9 +186,13 @@ class PublishRPCs:
             call.cancel()
 
     def _denial(self, request: api_pb2.PublishRequest, context: Any) -> PublishError | None:
-        if self.authorization is None or self.authorization.allows(context, request.stream, "Publish"):
+        if self.authorization is None:
             return None
-        return PublishError(grpc.StatusCode.PERMISSION_DENIED, denial(request.stream, "Publish"), "PERMISSION_DENIED")
+        rights = [(request.stream, "Publish"), *ack_inbox_rights(request)]
+        problem = self.authorization.refusal(context, rights, "Publish")
+        if problem is None:
+            return None
+        return PublishError(grpc.StatusCode.PERMISSION_DENIED, problem, "PERMISSION_DENIED")
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(

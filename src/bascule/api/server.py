@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bascule.api.admin import Admin
-from bascule.api.authz import RESOURCES, Authorization
+from bascule.api.authz import CHECKS, Authorization
 from bascule.api.cursors import Cursors
 from bascule.api.groups import GroupRPCs
 from bascule.api.health import Health
@@ -76,9 +76,10 @@ def add_services(
     ]
     if authorization is not None:
         for _, servicer in served:
-            for action in RESOURCES:
+            for action in CHECKS:
                 if hasattr(servicer, action):
-                    setattr(servicer, action, authorization.guard(action, getattr(servicer, action)))
+                    guarded = authorization.guard(action, getattr(servicer, action), lambda: cluster.state)
+                    setattr(servicer, action, guarded)
     health = Health(service.full_name for service, _ in served)
     served.append((HEALTH_SERVICE, health))
     for service, servicer in served:
