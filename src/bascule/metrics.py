@@ -35,6 +35,8 @@ REQUEST_TIMEOUT = 10.0  # for the whole head: a client that trickles it holds a 
 WRITE_TIMEOUT = 10.0
 LINGER_TIME = 1.0
 LINGER_BYTES = 64 * 1024
+# At most this many connections; at the cap, the one idle longest (no request yet, or answered and
+# lingering) makes room for a new one, as nginx does: idle connections cannot lock probes out.
 MAX_CONNECTIONS = 64
 
 PARTITION_LABELS = ("stream", "partition")
@@ -381,6 +383,7 @@ class MetricsServer:
         self.port = 0  # once started: the one bound
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._idle: dict[asyncio.Task[None], None] = {}  # connections that may be dropped, the longest idle first
         self._endpoints: dict[str, Callable[[], Response]] = {
             "/metrics": self._metrics, "/healthz": lambda: _text(HTTPStatus.OK, "ok"), "/readyz": self._readiness,
         }
@@ -428,19 +431,39 @@ class MetricsServer:
         # A task of this server's own rather than the one asyncio makes of a coroutine callback:
         # Python 3.11 logs that one as an error when stop() cancels it.
         if len(self._connections) >= MAX_CONNECTIONS:
-            writer.close()
-            return
+            if not self._idle:
+                writer.close()
+                return
+            longest_idle = next(iter(self._idle))
+            del self._idle[longest_idle]
+            self._connections.discard(longest_idle)
+            longest_idle.cancel()
         connection = asyncio.create_task(self._serve_connection(reader, writer))
         self._connections.add(connection)
-        connection.add_done_callback(self._connections.discard)
+        connection.add_done_callback(self._ended)
+
+    def _ended(self, connection: asyncio.Task[None]) -> None:
+        self._connections.discard(connection)
+        self._idle.pop(connection, None)
+
+    def _idling(self, idle: bool) -> None:
+        connection = asyncio.current_task()
+        assert connection is not None
+        if idle:
+            self._idle[connection] = None
+        else:
+            self._idle.pop(connection, None)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            self._idling(True)
             answer = await self._answer(reader)
+            self._idling(False)
             if answer:
                 writer.write(answer)
                 await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
                 writer.write_eof()
+                self._idling(True)
                 await _linger(reader)
         except (ConnectionError, TimeoutError):
             pass  # the client left, or stalled: nobody to answer

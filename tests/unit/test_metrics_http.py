@@ -113,3 +113,32 @@ async def test_stop_ends_connections_still_being_served():
     await asyncio.wait_for(server.stop(), 5)
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
+
+
+@pytest.mark.anyio
+async def test_idle_connections_at_the_cap_make_room_for_a_probe():
+    """Seventy connections that never send a request: a probe after them is answered at once, the
+    longest idle of them dropped to make room (as nginx does)."""
+    from bascule.metrics import MAX_CONNECTIONS
+
+    server = MetricsServer(StandInNode(None))
+    await server.start("127.0.0.1", 0)
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 6):
+            idle.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await asyncio.sleep(0.1)
+        for _ in range(3):
+            assert await asyncio.wait_for(fetch(server.port, "/healthz"), 1.0) == (b"HTTP/1.1 200 OK", b"ok\n")
+        async def closed(reader: asyncio.StreamReader) -> bool:
+            try:
+                return await asyncio.wait_for(reader.read(), 0.5) == b""
+            except TimeoutError:
+                return False
+
+        dropped = sum(await asyncio.gather(*(closed(reader) for reader, _ in idle)))
+        assert dropped >= 7  # the 6 over the cap, and the one that made room for the first probe
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await server.stop()
