@@ -19,6 +19,8 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
+import h2.settings
 import pytest
 from conftest import issue, running_node
 from cryptography import x509
@@ -884,3 +886,169 @@ async def test_authorization_covers_ack_inboxes_and_consumer_groups(tmp_path):
             assignments = await alice.FetchConsumerGroupAssignments(api_pb2.FetchConsumerGroupAssignmentsRequest(
                 groupId="g", consumerId="a1", epoch=joined.epoch), timeout=5)
             assert [a.stream for a in assignments.assignments] == ["orders"]
+
+
+# --- one client cannot exhaust the server (issue 27) ------------------------------------------------
+
+
+async def answered_within_a_second(address: str) -> None:
+    """A well-behaved client beside an attack: its call is answered within 1 s."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=1.0)
+    assert response.status == SERVING
+
+
+def frame_bytes(frame_type: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return struct.pack(">BHBBI", len(payload) >> 16, len(payload) & 0xFFFF, frame_type, flags, stream_id) + payload
+
+
+async def test_zero_window_subscribes_hold_no_more_than_the_connection_budget():
+    """1000 Subscribe calls on a connection that never opens a flow-control window: what the server
+    queues for them stays within the connection's budget, and other clients are answered."""
+    from bascule.h2grpc.server import CONNECTION_OUTPUT_BUDGET
+
+    async with serving() as served:
+        client = await RawH2.connect(served.port)
+        try:
+            client.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+            for _ in range(1000):
+                stream = client.h2.get_next_available_stream_id()
+                client.h2.send_headers(stream, request_headers("/proto.API/Subscribe"))
+                client.h2.send_data(stream, grpc_message(api_pb2.SubscribeRequest(stream="flood")), end_stream=True)
+            await client.send()
+            await asyncio.sleep(1.0)
+            await answered_within_a_second(served.address)
+            queued = served.server.queued_output
+            assert queued <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE), queued
+            assert served.api.produced * len(FLOOD_MESSAGE) <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE)
+            await answered_within_a_second(served.address)
+        finally:
+            await client.close()
+
+
+async def test_publish_async_requests_are_not_read_while_their_responses_are_not():
+    """A client that sends PublishAsync requests and reads no responses: once the responses it does
+    not read fill the budget, no more requests are read; its own window stops it."""
+    from bascule.h2grpc.server import SEND_HIGH_WATER
+
+    async with serving() as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            zero_window = struct.pack(">HI", 0x4, 0)
+            writer.write(PREFACE + frame_bytes(0x4, 0, 0, zero_window))
+            headers = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            headers.initiate_connection()
+            headers.data_to_send()
+            headers.send_headers(1, request_headers("/proto.API/PublishAsync"))
+            block = headers.data_to_send()
+            writer.write(block)
+            one = grpc_message(api_pb2.PublishRequest(correlationId="c", value=b"v"))
+            data = one * ((1 << 20) // len(one))  # one stream window of requests
+            for start in range(0, len(data), 16384):
+                writer.write(frame_bytes(0x0, 0, 1, data[start:start + 16384]))
+            await writer.drain()
+            await asyncio.sleep(1.0)
+            await answered_within_a_second(served.address)
+            connection = next(iter(served.server.connections))
+            assert connection.grpc.queued <= SEND_HIGH_WATER + (64 << 10), connection.grpc.queued
+        finally:
+            writer.close()
+
+
+async def test_rapid_reset_gets_goaway_enhance_your_calm():
+    """CVE-2023-44487: calls opened and cancelled at once, as fast as a client can."""
+    async with serving() as served:
+        client = await RawH2.connect(served.port)
+        try:
+            for _ in range(50):
+                for _ in range(200):
+                    stream = client.h2.get_next_available_stream_id()
+                    client.h2.send_headers(stream, request_headers("/grpc.health.v1.Health/Check"))
+                    client.h2.reset_stream(stream)
+                try:
+                    await client.send()
+                except (ConnectionError, h2.exceptions.ProtocolError):
+                    break
+            goaway = []
+
+            def closed() -> bool:
+                return client.closed or bool(goaway)
+
+            original = client._note
+
+            def note(event):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    goaway.append(event.error_code)
+                original(event)
+
+            client._note = note
+            with contextlib.suppress(ConnectionError, h2.exceptions.ProtocolError):
+                await client.receive(closed, timeout=5)
+            assert goaway == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM] or client.closed
+            await answered_within_a_second(served.address)
+        finally:
+            await client.close()
+
+
+async def test_a_ping_flood_gets_goaway_enhance_your_calm():
+    async with serving() as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x6, 0, 0, b"12345678") * 20000)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+            async def goaway_code() -> int | None:
+                received = b""
+                with contextlib.suppress(ConnectionError):
+                    while data := await reader.read(1 << 16):
+                        received += data
+                found = received.find(b"\x07\x00\x00\x00\x00\x00")
+                return None if found < 0 else struct.unpack(">I", received[found + 10:found + 14])[0]
+
+            assert await asyncio.wait_for(goaway_code(), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            await answered_within_a_second(served.address)
+        finally:
+            writer.close()
+
+
+async def test_partial_messages_count_against_the_connections_input_budget():
+    """Calls announcing big messages and sending most of them: what they make the server buffer is
+    bounded; the call whose part would go beyond the budget ends RESOURCE_EXHAUSTED."""
+    async with serving(max_message_bytes=1 << 20) as served:
+        client = await RawH2.connect(served.port)
+        try:
+            await client.receive(lambda: client.settings_received and client.h2.outbound_flow_control_window > 1 << 20)
+            streams = []
+            for _ in range(4):
+                stream = client.h2.get_next_available_stream_id()
+                client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
+                prefix = struct.pack(">BI", 0, 1 << 20)  # a message of 1 MiB, announced
+                client.h2.send_data(stream, prefix + b"\0" * (900 << 10))  # and 900 KiB of it sent
+                streams.append(stream)
+                await client.send()
+            await client.receive(lambda: len(client.statuses) >= 2, timeout=5)
+            assert list(client.statuses.values()).count(str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) >= 2
+            connection = next(iter(served.server.connections))
+            assert connection.grpc.buffered_input <= (1 << 20) + (1 << 20)
+            await answered_within_a_second(served.address)
+        finally:
+            await client.close()
+
+
+async def test_a_header_block_over_the_limit_is_refused_before_it_is_decoded():
+    async with serving() as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x1, 0x4 | 0x1, 1, b"\x00" * (100 << 10)))
+            await writer.drain()
+            received = b""
+            with contextlib.suppress(ConnectionError):
+                while data := await asyncio.wait_for(reader.read(1 << 16), 5):
+                    received += data
+            found = received.find(b"\x07\x00\x00\x00\x00\x00")
+            assert found >= 0
+            assert struct.unpack(">I", received[found + 10:found + 14])[0] == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            await answered_within_a_second(served.address)
+        finally:
+            writer.close()

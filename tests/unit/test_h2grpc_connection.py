@@ -11,6 +11,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import hpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1124,3 +1125,67 @@ def test_frames_of_one_stream_in_a_row_are_one_event_and_their_flow_is_given_bac
     events = only(to_server(pair), MessagesReceived)
     assert [(e.stream_id, e.messages) for e in events] == [(first, [b"a", b"b"]), (second, [b"c"]), (first, [b"d"])]
     assert [e.flow_size for e in events] == [2 * len(frame([b"a"])), len(frame([b"c"])), len(frame([b"d"]))]
+
+
+# --- what a connection holds, and what costs it work (issue 27) ------------------------------------
+
+
+def test_queued_counts_response_bytes_until_they_are_framed_or_their_call_goes():
+    pair = connect()
+    first, second = open_call(pair), open_call(pair)
+    to_server(pair)
+    pair.server.send_messages(first, [b"a" * 1000])
+    pair.server.send_framed(second, frame([b"b" * 500]))
+    assert pair.server.queued == 1005 + 505
+    pair.server.flush()
+    assert pair.server.queued == 0  # both fit the client's windows: framed
+    pair.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    to_server(pair)
+    pair.server.send_messages(first, [b"c" * 100])
+    pair.server.flush()
+    assert pair.server.queued == 105  # no window: still queued
+    pair.client.reset_stream(first)
+    to_server(pair)
+    assert pair.server.queued == 0  # the call went, and what it had queued
+
+
+def test_incomplete_messages_over_the_input_budget_end_their_call_resource_exhausted():
+    pair = connect()
+    pair.server = GrpcConnection(1 << 20, max_buffered_input=3000)  # a fresh server, small budget
+    pair.server.initiate()
+    pair.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    pair.client.initiate_connection()
+    to_server(pair), to_client(pair), to_server(pair)
+    first, second = open_call(pair), open_call(pair)
+    for stream in (first, second):
+        pair.client.send_data(stream, struct.pack(">BI", 0, 10_000) + b"x" * 2000)
+    events = to_server(pair)
+    assert [type(e) for e in events] == [CallStarted, CallStarted, CallCancelled]
+    assert pair.server.buffered_input == 2005  # the first call's part (its prefix too); the second's went
+    to_client(pair, flush=True)
+    trailers = [e for e in pair.client_events if isinstance(e, h2.events.TrailersReceived | h2.events.ResponseReceived)]
+    assert dict(trailers[-1].headers)["grpc-status"] == str(Status.RESOURCE_EXHAUSTED.value)
+
+
+def test_pings_settings_resets_and_empty_data_are_counted_as_costly():
+    pair = connect()
+    stream = open_call(pair)
+    to_server(pair)
+    pair.server.costly_frames = 0
+    pair.server.receive(raw_frame(PING, 0, 0, b"12345678") * 3 + raw_frame(SETTINGS, 0, 0)
+                        + raw_frame(DATA, 0, stream) + raw_frame(RST_STREAM, 0, stream, b"\0\0\0\x08"))
+    assert pair.server.costly_frames == 6
+
+
+def test_calm_down_sends_goaway_enhance_your_calm():
+    pair = connect()
+    pair.server.calm_down("too much")
+    events = to_client(pair)
+    ended = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert ended and ended[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def test_a_header_block_over_the_limit_ends_the_connection_before_decoding():
+    pair = connect()
+    events = pair.server.receive(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\x00" * (65 << 10)))
+    assert [type(e) for e in events] == [ConnectionEnded]

@@ -61,6 +61,7 @@ END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # Error codes.
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 # Settings.
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS_SETTING = 0x1, 0x2, 0x3
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
@@ -134,8 +135,24 @@ class _Stream:
 
 
 class GrpcConnection:
-    def __init__(self, max_message_bytes: int) -> None:
+    """One HTTP/2 connection's gRPC calls, sans I/O.
+
+    Bounds: at most MAX_CONCURRENT_STREAMS calls; a header block of at most MAX_HEADER_LIST bytes,
+    checked before it is decoded; incoming data within the flow-control windows; parts of messages
+    waiting for the rest of them at most ``max_buffered_input`` bytes over all calls (the call whose
+    part would go beyond it ends RESOURCE_EXHAUSTED). What it queues to send is ``queued`` (the
+    shell holds it to a budget); the frames that cost it work without being calls (PINGs and
+    SETTINGS to answer, resets, empty DATA frames) are counted in ``costly_frames`` for the shell
+    to judge, and ``calm_down`` ends a connection that abuses them (GOAWAY ENHANCE_YOUR_CALM).
+    """
+
+    def __init__(self, max_message_bytes: int, max_buffered_input: int | None = None) -> None:
         self._max_message_bytes = max_message_bytes
+        # One message of the largest size must always fit, with a window of the next one's start.
+        self._max_buffered_input = max_buffered_input or max_message_bytes + STREAM_WINDOW
+        self.queued = 0  # response bytes queued over all calls, not yet framed
+        self.buffered_input = 0  # bytes of incomplete messages over all calls
+        self.costly_frames = 0
         self._streams: dict[int, _Stream] = {}
         self._ready: set[int] = set()  # streams with something to flush
         self._out: list[bytes] = []
@@ -180,6 +197,19 @@ class GrpcConnection:
 
     def active_calls(self) -> int:
         return len(self._streams)
+
+    def calm_down(self, reason: str) -> None:
+        """End the connection for abusing the protocol (GOAWAY ENHANCE_YOUR_CALM)."""
+        self._fail(ENHANCE_YOUR_CALM, reason)
+
+    def _drop(self, stream_id: int) -> _Stream | None:
+        """Forget a stream, and what it had queued and buffered."""
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._ready.discard(stream_id)
+            self.queued -= len(stream.outbound)
+            self.buffered_input -= stream.reader.buffered
+        return stream
 
     def receive(self, data: bytes) -> list[Event]:
         if self.closed:
@@ -246,8 +276,8 @@ class GrpcConnection:
         elif frame_type == RST_STREAM:
             if stream_id == 0 or len(payload) != 4:
                 raise _ConnectionError(PROTOCOL_ERROR if stream_id == 0 else FRAME_SIZE_ERROR, "bad RST_STREAM")
-            if self._streams.pop(stream_id, None) is not None:
-                self._ready.discard(stream_id)
+            self.costly_frames += 1
+            if self._drop(stream_id) is not None:
                 events.append(CallCancelled(stream_id))
         elif frame_type == GOAWAY:
             if stream_id != 0 or len(payload) < 8:
@@ -264,6 +294,8 @@ class GrpcConnection:
         if stream_id == 0:
             raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
+        if not size and not flags & END_STREAM:
+            self.costly_frames += 1
         if size > self._receive_window:
             raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
         self._receive_window -= size
@@ -279,10 +311,21 @@ class GrpcConnection:
             return
         stream.receive_window -= size
         data = _unpadded(payload, flags) if flags & PADDED else payload
+        reader = stream.reader
+        buffered = reader.buffered
         try:
-            messages = stream.reader.feed(data) if data else []
+            messages = reader.feed(data) if data else []
         except FramingError as error:
             self.finish(stream_id, error.status, str(error))
+            self._give_back(size)
+            events.append(CallCancelled(stream_id))
+            return
+        finally:
+            self.buffered_input += reader.buffered - buffered
+        if self.buffered_input > self._max_buffered_input:
+            self.buffered_input -= reader.buffered
+            stream.reader = MessageReader(0)  # what it held goes, and nothing more is taken
+            self.finish(stream_id, Status.RESOURCE_EXHAUSTED, "incomplete messages over the connection's budget")
             self._give_back(size)
             events.append(CallCancelled(stream_id))
             return
@@ -309,6 +352,8 @@ class GrpcConnection:
             if len(block) < 5:
                 raise _ConnectionError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             block = block[5:]
+        if len(block) > MAX_HEADER_LIST:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "a header block beyond the header list size allowed")
         if flags & END_HEADERS:
             self._header_block(stream_id, flags, block, events)
         else:
@@ -320,8 +365,8 @@ class GrpcConnection:
             raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         block = in_progress[2]
         block += payload
-        if len(block) > MAX_HEADER_LIST * 2:
-            raise _ConnectionError(PROTOCOL_ERROR, "a header block beyond any allowed size")
+        if len(block) > MAX_HEADER_LIST:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "a header block beyond the header list size allowed")
         if flags & END_HEADERS:
             self._headers_in_progress = None
             self._header_block(stream_id, in_progress[1], bytes(block), events)
@@ -400,8 +445,7 @@ class GrpcConnection:
 
     def _stream_error(self, stream_id: int, code: int, events: list[Event]) -> None:
         self._reset(stream_id, code)
-        self._streams.pop(stream_id, None)
-        self._ready.discard(stream_id)
+        self._drop(stream_id)
         events.append(CallCancelled(stream_id))
 
     def _refuse(self, stream_id: int, flags: int, status: Status, message: str,
@@ -451,6 +495,7 @@ class GrpcConnection:
             return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+        self.costly_frames += 1
         self._settings_seen = True
         for position in range(0, len(payload), 6):
             code, value = _SETTING.unpack_from(payload, position)
@@ -477,6 +522,7 @@ class GrpcConnection:
         if flags & ACK:
             events.append(PingAcked())
         else:
+            self.costly_frames += 1
             self._frame(PING, ACK, 0, payload)
 
     # --- flow control of what comes in ---------------------------------------------------------
@@ -509,7 +555,10 @@ class GrpcConnection:
         stream = self._streams.get(stream_id)
         if stream is None or stream.trailers is not None:
             return  # the call is over (reset, or refused for breaking the rules)
-        stream.outbound += frame_gzip(messages) if stream.compress_responses else frame(messages)
+        outbound = stream.outbound
+        before = len(outbound)
+        outbound += frame_gzip(messages) if stream.compress_responses else frame(messages)
+        self.queued += len(outbound) - before
         self._ready.add(stream_id)
 
     def send_framed(self, stream_id: int, data: bytes) -> None:
@@ -517,10 +566,12 @@ class GrpcConnection:
         stream = self._streams.get(stream_id)
         if stream is None or stream.trailers is not None:
             return
+        before = len(stream.outbound)
         if stream.compress_responses:
             stream.outbound += frame_gzip(MessageReader(len(data)).feed(data))
         else:
             stream.outbound += data
+        self.queued += len(stream.outbound) - before
         self._ready.add(stream_id)
 
     def pending_bytes(self, stream_id: int) -> int:
@@ -539,8 +590,7 @@ class GrpcConnection:
 
     def reset(self, stream_id: int) -> None:
         """Abandon the call (RST_STREAM CANCEL): for a call whose status cannot be sent."""
-        if self._streams.pop(stream_id, None) is not None:
-            self._ready.discard(stream_id)
+        if self._drop(stream_id) is not None:
             self._reset(stream_id, CANCEL)
 
     def _reset(self, stream_id: int, code: int) -> None:
@@ -573,6 +623,7 @@ class GrpcConnection:
                 stream.send_window -= size
                 sent += size
             del outbound[:sent]
+            self.queued -= sent
             if outbound:
                 return False  # the rest waits for a WINDOW_UPDATE
         trailers = stream.trailers
@@ -581,7 +632,7 @@ class GrpcConnection:
                 self._send_headers(stream_id, trailers, end_stream=True)
             else:
                 self._send_headers(stream_id, _trailers_only_headers(trailers), end_stream=True)
-            del self._streams[stream_id]
+            self._drop(stream_id)
             if not stream.remote_closed:
                 self._reset(stream_id, NO_ERROR)  # answered: the client need not send the rest
         return True

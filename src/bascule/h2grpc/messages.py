@@ -78,6 +78,11 @@ class MessageReader:
         """Whether part of a message is still waiting for the rest of it."""
         return bool(self._buffer)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of a message still waiting for the rest of it."""
+        return len(self._buffer)
+
     def _decompressed(self, message: bytes) -> bytes:
         if self._compression != "gzip":
             raise FramingError(

@@ -4,6 +4,15 @@ Each connection is an ``asyncio.Protocol``; each call runs its handler in a task
 (cancelled when the client resets the call, its deadline passes, or the connection ends). Writes are
 coalesced: a handler's responses are queued, and the queue is flushed once per turn of the event loop,
 so a Subscribe that yields a hundred messages in a turn sends them in a few DATA frames.
+
+What a client can make the server hold is bounded (docs/operations.md, "Limits of the gRPC port"):
+responses queued but not yet sent (a client that stops reading, or never opens its flow-control
+windows) at most SEND_HIGH_WATER per call, CONNECTION_OUTPUT_BUDGET per connection and
+NODE_OUTPUT_BUDGET over all: past any of them, streaming handlers wait before their next response,
+and client-streaming handlers (PublishAsync) get no more requests, so the client's own windows stop
+it; the socket's write buffer full, the connection stops reading too. Frames that cost work without
+being calls (PINGs, SETTINGS, resets, empty DATA frames) are allowed FLOOD_RATE a second, in bursts
+of FLOOD_BURST; beyond that the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed.
 """
 
 from __future__ import annotations
@@ -38,6 +47,11 @@ KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
 KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
 SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued for its call
 SEND_LOW_WATER = 256 << 10
+CONNECTION_OUTPUT_BUDGET = 8 << 20  # ... or while this much is queued for its connection
+NODE_OUTPUT_BUDGET = 256 << 20  # ... or this much for every connection together
+MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
+FLOOD_RATE = 500.0  # costly frames a second a connection may send, sustained
+FLOOD_BURST = 2000.0
 UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
 
 # Told of each call as it ends (its status sent, or the client gone: CANCELLED): the method's path,
@@ -125,15 +139,16 @@ class _Requests:
         return _decode(self._call.method, data)
 
     async def batch(self) -> list[Any]:
-        """Every request received and not yet read, waiting for one if there is none; [] once the
-        client has sent its last. A handler that takes requests in bulk (PublishAsync) saves a
-        step of the iterator per request. A request that cannot be decoded ends the batch before
-        it, and the next batch raises its error, as iterating would."""
+        """The requests received and not yet read (at most MAX_REQUEST_BATCH), waiting for one if
+        there is none; [] once the client has sent its last. A handler that takes requests in bulk
+        (PublishAsync) saves a step of the iterator per request. A request that cannot be decoded
+        ends the batch before it, and the next batch raises its error, as iterating would."""
         if not await self._received():
             return []
         call, decode = self._call, self._call.method.decode
-        inbox, requests, flow = call.inbox, [], 0
-        while inbox:
+        inbox, flow = call.inbox, 0
+        requests: list[Any] = []
+        while inbox and len(requests) < MAX_REQUEST_BATCH:
             data, flow_size = inbox[0]
             try:
                 requests.append(decode(data))
@@ -148,8 +163,11 @@ class _Requests:
         return requests
 
     async def _received(self) -> bool:
-        """Wait until a request is in the inbox: False if none will come."""
+        """Wait until a request is in the inbox and the call's responses are not stuck: False if
+        none will come. A client that sends requests and reads no responses gets no more read."""
         call = self._call
+        while self._connection.must_wait(call):
+            await self._connection.writable(call)
         while not call.inbox:
             if call.requests_ended:
                 return False
@@ -186,6 +204,8 @@ class _Connection(asyncio.Protocol):
         self._heard_from_client = True
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_sent = False
+        self._allowance = FLOOD_BURST
+        self._allowance_at = self.loop.time()
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -221,10 +241,26 @@ class _Connection(asyncio.Protocol):
                 self.close_transport()
             elif isinstance(event, PingAcked):
                 self._ping_sent = False
+        if self.grpc.costly_frames:
+            self._charge(self.grpc.costly_frames)
+            self.grpc.costly_frames = 0
         self._flush()
+
+    def _charge(self, frames: int) -> None:
+        """A token bucket of costly frames: past it, the connection is abusing the protocol."""
+        now = self.loop.time()
+        self._allowance = min(FLOOD_BURST, self._allowance + (now - self._allowance_at) * FLOOD_RATE) - frames
+        self._allowance_at = now
+        if self._allowance < 0:
+            log.warning("closing the connection from %s: more PINGs, SETTINGS, resets or empty frames than "
+                        "%g a second", self.peer, FLOOD_RATE)
+            self.grpc.calm_down("too many PINGs, SETTINGS, resets or empty frames")
+            self.stop_calls()
+            self.close_transport()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.server.account(self, 0)
         if self._keepalive is not None:
             self._keepalive.cancel()
         for call in list(self.calls.values()):
@@ -232,11 +268,17 @@ class _Connection(asyncio.Protocol):
         self.calls.clear()
 
     def pause_writing(self) -> None:
+        # Nothing more is read until the client reads: what it sends (PINGs to answer, requests)
+        # would only add to what waits for it.
         self._paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
-        self._wake_writers()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        self.wake_writers()
 
     # --- calls ---------------------------------------------------------------------------------
 
@@ -311,10 +353,16 @@ class _Connection(asyncio.Protocol):
         method = call.method
         try:
             if method.server_streaming:
-                async for response in method.handler(argument, call.context):
+                responses = method.handler(argument, call.context)
+                while True:
+                    # Before the handler makes its next response: a call waiting here holds none.
+                    while self.must_wait(call):
+                        await self.writable(call)
+                    try:
+                        response = await anext(responses)
+                    except StopAsyncIteration:
+                        break
                     self._send(call, response)
-                    if self._paused or self.grpc.pending_bytes(call.stream_id) > SEND_HIGH_WATER:
-                        await self._writable(call)
             else:
                 self._send(call, await method.handler(argument, call.context))
             self._end(call, Status.OK)
@@ -344,16 +392,25 @@ class _Connection(asyncio.Protocol):
         self.grpc.send_messages(call.stream_id, [payload])
         self.flush_soon()
 
-    async def _writable(self, call: _Call) -> None:
-        call.writable = self.loop.create_future()
-        try:
-            self.flush_soon()
-            await call.writable
-        finally:
-            call.writable = None
+    def must_wait(self, call: _Call) -> bool:
+        """Whether the call's next response must wait: too much is queued for it, its connection
+        or the node, or the socket's buffer is full."""
+        return (self._paused or self.grpc.pending_bytes(call.stream_id) > SEND_HIGH_WATER
+                or self.grpc.queued > CONNECTION_OUTPUT_BUDGET or self.server.queued_output > NODE_OUTPUT_BUDGET)
 
-    def _wake_writers(self) -> None:
-        if self._paused:
+    async def writable(self, call: _Call) -> None:
+        """Until the call may go on (``must_wait`` looked again then); shared by its handler and its
+        request reader."""
+        waiter = call.writable
+        if waiter is None or waiter.done():
+            waiter = call.writable = self.loop.create_future()
+        self.flush_soon()
+        await asyncio.shield(waiter)
+
+    def wake_writers(self) -> None:
+        if self._paused or self.grpc.queued > CONNECTION_OUTPUT_BUDGET * 3 // 4:
+            return
+        if self.server.queued_output > NODE_OUTPUT_BUDGET * 3 // 4:
             return
         for call in self.calls.values():
             writable = call.writable
@@ -418,7 +475,8 @@ class _Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self.grpc.flush()
         self._write()
-        self._wake_writers()
+        self.server.account(self, self.grpc.queued)
+        self.wake_writers()
 
     def _write(self) -> None:
         data = self.grpc.data_to_send()
@@ -466,9 +524,26 @@ class GrpcServer:
         self.max_message_bytes = max_message_bytes
         self.keepalive_time, self.keepalive_timeout = keepalive_time, keepalive_timeout
         self.connections: set[_Connection] = set()
+        self.queued_output = 0  # responses queued over every connection, as of their last flush
+        self._queued_by: dict[_Connection, int] = {}
         self.closing = False
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
+
+    def account(self, connection: _Connection, queued: int) -> None:
+        """A connection's queued responses now; below the node's low mark again, every connection's
+        waiting writers may go on."""
+        before = self.queued_output
+        self.queued_output += queued - self._queued_by.get(connection, 0)
+        if queued:
+            self._queued_by[connection] = queued
+        else:
+            self._queued_by.pop(connection, None)
+        low = NODE_OUTPUT_BUDGET * 3 // 4
+        if before > low >= self.queued_output:
+            for other in list(self.connections):
+                if other is not connection:
+                    other.wake_writers()
 
     def add(self, methods: Iterable[Method]) -> None:
         for method in methods:
