@@ -19,7 +19,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from bascule import durable
-from bascule.metadata import raft_standing
+from bascule.metadata import raft_port, raft_standing
 from bascule.metadata.journal import install_durable_storage
 from bascule.metadata.raft_fixes import SafeSyncObj
 from bascule.metadata.replicated import apply_command
@@ -129,6 +129,7 @@ class MetadataRaft:
         self._on_change = on_change
         self._store = MetadataStore(self._applied)
         install_durable_storage()  # before SyncObj opens its journal
+        raft_port.install()
         self._sync = SafeSyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
@@ -150,6 +151,7 @@ class MetadataRaft:
             started = connection._TcpConnection__lastReadTime  # set by connect()
             if connection.state == CONNECTION_STATE.CONNECTING and monotonic() - started > timeout:
                 connection.disconnect()
+        raft_port.expire_silent(transport, timeout)
 
     def _notice_leadership(self) -> None:
         """Tell the watch when the leader or readiness changed (on the tick thread: pysyncobj has no
