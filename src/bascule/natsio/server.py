@@ -26,6 +26,8 @@ import contextlib
 import dataclasses
 import fcntl
 import glob
+import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -151,6 +153,32 @@ class ServerOptions:
         if self.routes:
             command += ["--routes", ",".join(self.routes)]
         return command
+
+
+EMBEDDED_NODE_USER = "bascule-node"
+
+
+def embedded_node_password(secret: str) -> str:
+    """The node's password on its embedded server, derived from the cluster secret."""
+    return hmac.new(secret.encode(), b"bascule embedded nats", hashlib.sha256).hexdigest()
+
+
+def guarded_config(namespace: str, user: str, password: str, port: int) -> str:
+    """An embedded server's configuration that keeps clients other than the node's ``user`` off the
+    node-to-node subjects (``<namespace>.>``): publishers and subscribers without credentials keep
+    every other subject, as with no configuration."""
+    guarded = json.dumps(f"{namespace}.>")
+    return (
+        f"listen: {json.dumps(f'{LOOPBACK}:{port}')}\n"
+        "authorization {\n"
+        "  users = [\n"
+        f"    {{user: {json.dumps(user)}, password: {json.dumps(password)}}}\n"
+        f"    {{user: \"anonymous\", permissions: {{publish: {{deny: [{guarded}]}}, "
+        f"subscribe: {{deny: [{guarded}]}}}}}}\n"
+        "  ]\n"
+        "}\n"
+        "no_auth_user: \"anonymous\"\n"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

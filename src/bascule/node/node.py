@@ -24,10 +24,11 @@ from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import join_cluster
 from bascule.metadata.state import ALREADY_EXISTS, FAILED_PRECONDITION, INVALID_ARGUMENT, MetadataState
+from bascule.natsio.auth import NatsAuth
 from bascule.natsio.capture import CaptureConnection
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.natsio.sealed import SealedNats
-from bascule.natsio.server import EmbeddedNats
+from bascule.natsio.server import EMBEDDED_NODE_USER, EmbeddedNats, embedded_node_password, guarded_config
 from bascule.natsio.urls import redacted
 from bascule.node import identity
 from bascule.node.activity import ActivityPublisher
@@ -197,8 +198,8 @@ class Node:
         if not clean_start:
             log.warning("the previous run of this node did not stop cleanly: its replicas count as unclean "
                         "(not electable) until they catch up with their leaders")
-        nats_url = await self._start_nats()
-        auth = self.config.nats.auth
+        secret = await asyncio.to_thread(identity.cluster_secret, clustering, self.data_dir)
+        nats_url, auth = await self._start_nats(secret)
         # Retried until NATS is up, but not when it refuses the credentials: that needs an operator.
         self._connecting = asyncio.ensure_future(nats.connect(
             nats_url, name=f"bascule-{self.server_id}", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
@@ -211,7 +212,6 @@ class Node:
                 raise
             raise NatsRefused(f"NATS refused this node ({self._refused_by_nats}); check nats.user, "
                               "nats.password, nats.token, nats.credentials, nats.nkey.seed and nats.tls.*") from None
-        secret = await asyncio.to_thread(identity.cluster_secret, clustering, self.data_dir)
         internal = self._internal = SealedNats(nc, Sealer(derive_key(secret)))
         self._capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture", auth=auth)
         await self._capture_connection.connect()
@@ -270,17 +270,27 @@ class Node:
         if self._embedded is not None:
             await self._embedded.stop()
 
-    async def _start_nats(self) -> list[str]:
+    async def _start_nats(self, secret: str) -> tuple[list[str], NatsAuth]:
+        """The NATS servers to connect to, and how: an embedded server's own when it guards the
+        namespace (a Raft password set, no config file or credentials of the operator's)."""
         nats_config = self.config.nats
         if not nats_config.embedded:
-            return list(nats_config.servers)
+            return list(nats_config.servers), nats_config.auth
         config_file = nats_config.embedded_config or None
+        auth = nats_config.auth
+        if config_file is None and self.config.clustering.raft_password and auth == NatsAuth():
+            auth = NatsAuth(user=EMBEDDED_NODE_USER, password=embedded_node_password(secret))
+            config_file = str(self.data_dir / "nats-embedded.conf")
+            text = guarded_config(self.config.clustering.namespace, auth.user, auth.password, NATS_DEFAULT_PORT)
+            await asyncio.to_thread(durable.write_atomically, Path(config_file), text)
+            log.info("the embedded NATS server keeps clients without the node's credentials off %s.>",
+                     self.config.clustering.namespace)
         # Like Liftbridge, the embedded server takes NATS's usual port unless its config file says otherwise.
         self._embedded = EmbeddedNats(
             port=None if config_file else NATS_DEFAULT_PORT, config_file=config_file, log_dir=self.data_dir,
         )
         await self._embedded.start()
-        return [self._embedded.url]
+        return [self._embedded.url], auth
 
     async def _raft_peers(self, raft_address: str) -> list[str]:
         """The other voters to start Raft with; a new node that is no seed joins through the
