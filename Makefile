@@ -38,11 +38,11 @@ soak: venv fuse
 
 # The simulator (src/bascule/simulation): SEEDS seeds of the real node code under seeded faults, on
 # virtual time; each failure prints its seed, faults and trace, and SEEDS=<seed> replays it step for
-# step (PYTHONHASHSEED is fixed so that a replay in another process takes the same steps).
-# `make test` runs the first 240 (tests/unit/test_simulation.py).
+# step (PYTHONHASHSEED is fixed so that a replay in another process takes the same steps). QUICK=1: short
+# runs (3 nodes, 1-4 faults over 1-3 s). `make test` runs quick and full ones (tests/unit/test_simulation.py).
 SEEDS ?= 1-1000
 simulate: venv
-	PYTHONHASHSEED=0 $(PY) -m bascule.simulation --seeds $(SEEDS) $(if $(FAULTS),--faults $(FAULTS))
+	PYTHONHASHSEED=0 $(PY) -m bascule.simulation --seeds $(SEEDS) $(if $(FAULTS),--faults $(FAULTS)) $(if $(QUICK),--quick)
 
 # podman as the Docker API, and bascule's images, for the `containers` tests: compose/podman-setup.sh
 # (about 70 s on a bare machine, under 1 s when done, about 10 s after a source change). Where podman

@@ -16,16 +16,19 @@ from bascule.metadata import election
 from bascule.simulation.run import simulate
 
 # Seeds run in every `make test`, over the machine's cores (each in a fresh interpreter with a fixed
-# PYTHONHASHSEED, so that `make simulate SEEDS=<seed>` replays a failure step for step).
-SEEDS = range(1, int(os.environ.get("BASCULE_SIMULATION_SEEDS", "240")) + 1)
+# PYTHONHASHSEED, so that `make simulate SEEDS=<seed> [QUICK=1]` replays a failure step for step):
+# full runs, and many more quick ones (Shape.draw).
+SEEDS = range(1, int(os.environ.get("BASCULE_SIMULATION_SEEDS", "120")) + 1)
+QUICK_SEEDS = range(1, int(os.environ.get("BASCULE_SIMULATION_QUICK_SEEDS", "1000")) + 1)
 # With choose_leader's unclean rule off, this seed has a replica that lost power elected while one
 # holding the acks it lost is back (found by running seeds 1-400 with the rule off; should a
 # change of the simulator move it, run them again and take the first that fails).
 UNCLEAN_ELECTION_SEED = 107
 
 
-def run_seed(seed: int) -> tuple[int, bool, str]:
-    outcome = simulate(seed)
+def run_seed(seed_and_shape: tuple[int, bool]) -> tuple[int, bool, str]:
+    seed, quick = seed_and_shape
+    outcome = simulate(seed, quick=quick)
     return seed, outcome.ok, outcome.report()
 
 
@@ -34,7 +37,8 @@ def test_seeded_runs_under_faults_keep_every_invariant(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     context = multiprocessing.get_context("spawn")
     with context.Pool(max(1, min(4, os.cpu_count() or 1))) as pool:
-        results = pool.map(run_seed, SEEDS, chunksize=4)
+        runs = [(seed, True) for seed in QUICK_SEEDS] + [(seed, False) for seed in SEEDS]
+        results = pool.map(run_seed, runs, chunksize=8)
     failures = [report for _, ok, report in results if not ok]
     assert not failures, "\n\n".join(failures)
 

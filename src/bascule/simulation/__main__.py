@@ -1,5 +1,5 @@
-"""``python -m bascule.simulation --seeds 1-1000 [--faults N] [--verbose]``: run seeds, print each
-failure with its trace, exit 1 if any failed."""
+"""``python -m bascule.simulation --seeds 1-1000 [--faults N] [--quick] [--verbose]``: run seeds,
+print each failure with its trace, exit 1 if any failed."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bascule.simulation", description=__doc__)
     parser.add_argument("--seeds", type=seeds, default=seeds("1-100"), help="seeds to run: 7, 1-100 or 1,5,9-12")
     parser.add_argument("--faults", type=int, default=None, help="faults per run (default: drawn from the seed)")
+    parser.add_argument("--quick", action="store_true", help="short runs: 3 nodes, 1-4 faults over 1-3 s")
     parser.add_argument("--verbose", action="store_true", help="a line for every run, not only failures")
     args = parser.parse_args(argv)
     started, failed, acked = time.monotonic(), [], 0
     for seed in args.seeds:
-        outcome = simulate(seed, args.faults)
+        outcome = simulate(seed, args.faults, args.quick)
         acked += outcome.acked
         if not outcome.ok or args.verbose:
             print(outcome.report(), flush=True)

@@ -37,7 +37,14 @@ class Shape:
     fault_time: float  # virtual seconds the faults come in
 
     @classmethod
-    def draw(cls, source: random.Random, faults: int | None = None) -> Shape:
+    def draw(cls, source: random.Random, faults: int | None = None, quick: bool = False) -> Shape:
+        """A full run: 3 or 5 nodes, 2-8 faults over 4-12 s. A quick one (many of them in a minute):
+        3 nodes, one partition, 1-4 faults over 1-3 s."""
+        if quick:
+            return cls(
+                nodes=3, partitions=1, min_isr=source.choice((1, 2)), sync=source.choice(("never", "never", "always")),
+                faults=source.randint(1, 4) if faults is None else faults, fault_time=source.uniform(1.0, 3.0),
+            )
         return cls(
             nodes=source.choice((3, 3, 5)), partitions=source.choice((1, 1, 2)), min_isr=source.choice((1, 2)),
             sync=source.choice(("never", "never", "always")),
@@ -56,6 +63,7 @@ class RunOutcome:
     virtual_seconds: float = 0.0
     wall_seconds: float = 0.0
     faults: list[str] = field(default_factory=list)
+    quick: bool = False
 
     @property
     def ok(self) -> bool:
@@ -68,14 +76,15 @@ class RunOutcome:
         if not self.ok:
             lines += ["  faults: " + ", ".join(self.faults), f"  error: {self.error}", "  trace (latest last):"]
             lines += [f"    {line}" for line in self.trace]
-            lines.append(f"  replay: make simulate SEEDS={self.seed}")
+            lines.append(f"  replay: make simulate SEEDS={self.seed}{' QUICK=1' if self.quick else ''}")
         return "\n".join(lines)
 
 
-def simulate(seed: int, faults: int | None = None) -> RunOutcome:
-    """Run the simulation of ``seed`` (with ``faults`` faults instead of a drawn number)."""
+def simulate(seed: int, faults: int | None = None, quick: bool = False) -> RunOutcome:
+    """Run the simulation of ``seed`` (with ``faults`` faults instead of a drawn number; ``quick``:
+    the short shape, see ``Shape.draw``)."""
     source = random.Random(seed)
-    shape = Shape.draw(source, faults)
+    shape = Shape.draw(source, faults, quick)
     started = time.monotonic()
     with scratch_directory() as root:
         cluster = SimCluster(source, root, shape.nodes, shape.partitions, shape.min_isr, shape.sync)
@@ -93,7 +102,7 @@ def simulate(seed: int, faults: int | None = None) -> RunOutcome:
     invariants = cluster.invariants
     return RunOutcome(
         seed, shape, error, list(cluster.trace_lines), sum(len(acks) for acks in invariants.acked.values()),
-        invariants.exempt_acks, cluster.now, time.monotonic() - started, run.fault_log,
+        invariants.exempt_acks, cluster.now, time.monotonic() - started, run.fault_log, quick,
     )
 
 
