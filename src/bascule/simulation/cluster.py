@@ -170,11 +170,12 @@ class SimNode:
             directory = directory_of(self.id, partition)
             if directory is None or not directory.exists():
                 return False
-            commit_log = CommitLog.open(directory)
-            try:
-                entries = commit_log.read(offset, max_entries=1) if offset < commit_log.next_offset else []
-            finally:
-                commit_log.abandon()
+            with self.disks.suspended():
+                commit_log = CommitLog.open(directory)
+                try:
+                    entries = commit_log.read(offset, max_entries=1) if offset < commit_log.next_offset else []
+                finally:
+                    commit_log.abandon()
         return bool(entries) and entries[0].offset == offset and entries[0].value == value
 
 
