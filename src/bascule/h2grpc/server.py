@@ -353,13 +353,17 @@ class _Connection(asyncio.Protocol):
         method = call.method
         try:
             if method.server_streaming:
-                responses = method.handler(argument, call.context)
+                next_response = method.handler(argument, call.context).__anext__
+                grpc, server = self.grpc, self.server
                 while True:
                     # Before the handler makes its next response: a call waiting here holds none.
-                    while self.must_wait(call):
-                        await self.writable(call)
+                    # (With no more than a call's high water queued on the whole connection, no
+                    # limit can be reached: the common case, checked first.)
+                    if self._paused or grpc.queued > SEND_HIGH_WATER or server.queued_output > NODE_OUTPUT_BUDGET:
+                        while self.must_wait(call):
+                            await self.writable(call)
                     try:
-                        response = await anext(responses)
+                        response = await next_response()
                     except StopAsyncIteration:
                         break
                     self._send(call, response)
