@@ -783,13 +783,15 @@ m = r.sub == p.sub && r.obj == p.obj && r.act == p.act
 """
 
 
-async def test_authorization_by_casbin_policy_on_the_client_certificate(tmp_path):
+@contextlib.asynccontextmanager
+async def authorizing_node(tmp_path, policy: str):
+    """A node under mutual TLS and Casbin ``policy`` (ACL_MODEL); yields a function that opens a
+    channel as "alice" or "bob", each with a certificate of the node's CA."""
     ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
     _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
     certified = {name: issue(tmp_path, name, (ca, ca_key))[2:] for name in ("alice", "bob")}
     (tmp_path / "model.conf").write_text(ACL_MODEL)
-    (tmp_path / "policy.csv").write_text(
-        "p, alice, *, FetchMetadata\np, alice, orders, CreateStream\np, alice, orders, Publish\n")
+    (tmp_path / "policy.csv").write_text(policy)
     settings = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
                 "tls.client.auth.ca": str(ca_file), "tls.client.authz.enabled": True,
                 "tls.client.authz.model": str(tmp_path / "model.conf"),
@@ -802,6 +804,12 @@ async def test_authorization_by_casbin_policy_on_the_client_certificate(tmp_path
             credentials = grpc.ssl_channel_credentials(ca_file.read_bytes(), key.read_bytes(), cert.read_bytes())
             return grpc.aio.secure_channel(address, credentials)
 
+        yield channel
+
+
+async def test_authorization_by_casbin_policy_on_the_client_certificate(tmp_path):
+    policy = "p, alice, *, FetchMetadata\np, alice, orders, CreateStream\np, alice, orders, Publish\n"
+    async with authorizing_node(tmp_path, policy) as channel:
         async with channel("alice") as alice, channel("bob") as bob:
             api = api_pb2_grpc.APIStub(alice)
             assert (await api.FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=5)).brokers
@@ -828,25 +836,9 @@ async def test_authorization_covers_ack_inboxes_and_consumer_groups(tmp_path):
     """Stricter than Liftbridge: an ackInbox is a publish to its subject, and the consumer group calls
     need Subscribe on the group's streams; a group the caller may not see is refused like one it
     may not use, never NOT_FOUND."""
-    ca, ca_key, ca_file, _ = issue(tmp_path, "ca", None)
-    _, _, server_cert, server_key = issue(tmp_path, "server", (ca, ca_key))
-    certified = {name: issue(tmp_path, name, (ca, ca_key))[2:] for name in ("alice", "bob")}
-    (tmp_path / "model.conf").write_text(ACL_MODEL)
-    (tmp_path / "policy.csv").write_text(
-        "p, alice, orders, CreateStream\np, alice, orders, Publish\np, alice, orders, Subscribe\n"
-        "p, alice, orders.acks, PublishToSubject\np, bob, orders, Publish\n")
-    settings = {"tls.cert": str(server_cert), "tls.key": str(server_key), "tls.client.auth.enabled": True,
-                "tls.client.auth.ca": str(ca_file), "tls.client.authz.enabled": True,
-                "tls.client.authz.model": str(tmp_path / "model.conf"),
-                "tls.client.authz.policy": str(tmp_path / "policy.csv")}
-    (tmp_path / "node").mkdir()
-    async with running_node(tmp_path / "node", **settings) as (_node, address):
-
-        def channel(name: str) -> grpc.aio.Channel:
-            cert, key = certified[name]
-            credentials = grpc.ssl_channel_credentials(ca_file.read_bytes(), key.read_bytes(), cert.read_bytes())
-            return grpc.aio.secure_channel(address, credentials)
-
+    policy = ("p, alice, orders, CreateStream\np, alice, orders, Publish\np, alice, orders, Subscribe\n"
+              "p, alice, orders.acks, PublishToSubject\np, bob, orders, Publish\n")
+    async with authorizing_node(tmp_path, policy) as channel:
         async with channel("alice") as alice_channel, channel("bob") as bob_channel:
             alice, bob = api_pb2_grpc.APIStub(alice_channel), api_pb2_grpc.APIStub(bob_channel)
             await alice.CreateStream(api_pb2.CreateStreamRequest(subject="orders", name="orders"), timeout=10)
@@ -903,6 +895,16 @@ async def answered_within_a_second(address: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         response = await health_pb2_grpc.HealthStub(channel).Check(Check(service="ok"), timeout=1.0)
     assert response.status == SERVING
+
+
+async def goaway_code(reader: asyncio.StreamReader) -> int | None:
+    """The error code of the GOAWAY the server sent before closing, None without one."""
+    received = b""
+    with contextlib.suppress(ConnectionError):
+        while data := await reader.read(1 << 16):
+            received += data
+    found = received.find(b"\x07\x00\x00\x00\x00\x00")  # a GOAWAY frame's type, flags and stream 0
+    return None if found < 0 else struct.unpack(">I", received[found + 10:found + 14])[0]
 
 
 def frame_bytes(frame_type: int, flags: int, stream_id: int, payload: bytes) -> bytes:
@@ -1007,16 +1009,7 @@ async def test_a_ping_flood_gets_goaway_enhance_your_calm():
             writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x6, 0, 0, b"12345678") * 20000)
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
-
-            async def goaway_code() -> int | None:
-                received = b""
-                with contextlib.suppress(ConnectionError):
-                    while data := await reader.read(1 << 16):
-                        received += data
-                found = received.find(b"\x07\x00\x00\x00\x00\x00")
-                return None if found < 0 else struct.unpack(">I", received[found + 10:found + 14])[0]
-
-            assert await asyncio.wait_for(goaway_code(), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
             await answered_within_a_second(served.address)
         finally:
             writer.close()
@@ -1052,13 +1045,7 @@ async def test_a_header_block_over_the_limit_is_refused_before_it_is_decoded():
         try:
             writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x1, 0x4 | 0x1, 1, b"\x00" * (100 << 10)))
             await writer.drain()
-            received = b""
-            with contextlib.suppress(ConnectionError):
-                while data := await asyncio.wait_for(reader.read(1 << 16), 5):
-                    received += data
-            found = received.find(b"\x07\x00\x00\x00\x00\x00")
-            assert found >= 0
-            assert struct.unpack(">I", received[found + 10:found + 14])[0] == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
             await answered_within_a_second(served.address)
         finally:
             writer.close()
