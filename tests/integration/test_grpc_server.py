@@ -1049,3 +1049,31 @@ async def test_a_header_block_over_the_limit_is_refused_before_it_is_decoded():
             await answered_within_a_second(served.address)
         finally:
             writer.close()
+
+
+async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connection_that_goes_beyond(monkeypatch):
+    """Two connections each within their own budget, but together beyond the node's: the second is
+    closed (GOAWAY ENHANCE_YOUR_CALM), the first goes on."""
+    from bascule.h2grpc import server as h2grpc_server
+
+    monkeypatch.setattr(h2grpc_server, "NODE_INPUT_BUDGET", 3 << 20)
+    async with serving(max_message_bytes=4 << 20) as served:
+        first, second = await RawH2.connect(served.port), await RawH2.connect(served.port)
+        try:
+            for client in (first, second):
+                h2_client = client.h2
+                await client.receive(lambda c=h2_client: c.outbound_flow_control_window > 2 << 20)
+                for _ in range(2):  # 2 MiB of parts a connection (each stream's window is 1 MiB)
+                    stream = client.h2.get_next_available_stream_id()
+                    client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
+                    client.h2.send_data(stream, struct.pack(">BI", 0, 4 << 20) + b"\0" * (1000 << 10))
+                await client.send()
+                await asyncio.sleep(0.2)
+            with contextlib.suppress(ConnectionError):
+                await second.receive(lambda: second.closed, timeout=5)
+            assert second.closed and not first.closed
+            assert served.server.buffered_input <= 3 << 20
+            await answered_within_a_second(served.address)
+        finally:
+            await first.close()
+            await second.close()

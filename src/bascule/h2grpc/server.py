@@ -12,7 +12,8 @@ NODE_OUTPUT_BUDGET over all: past any of them, streaming handlers wait before th
 and client-streaming handlers (PublishAsync) get no more requests, so the client's own windows stop
 it; the socket's write buffer full, the connection stops reading too. Frames that cost work without
 being calls (PINGs, SETTINGS, resets, empty DATA frames) are allowed FLOOD_RATE a second, in bursts
-of FLOOD_BURST; beyond that the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed.
+of FLOOD_BURST; beyond that the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed, as is one
+that takes the parts of messages buffered over every connection beyond NODE_INPUT_BUDGET.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued
 SEND_LOW_WATER = 256 << 10
 CONNECTION_OUTPUT_BUDGET = 8 << 20  # ... or while this much is queued for its connection
 NODE_OUTPUT_BUDGET = 256 << 20  # ... or this much for every connection together
+# Parts of messages waiting for the rest, over every connection (each has its own budget too,
+# GrpcConnection's): a connection that takes the node beyond it is closed.
+NODE_INPUT_BUDGET = 512 << 20
 MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
 FLOOD_RATE = 500.0  # costly frames a second a connection may send, sustained
 FLOOD_BURST = 2000.0
@@ -244,6 +248,12 @@ class _Connection(asyncio.Protocol):
         if self.grpc.costly_frames:
             self._charge(self.grpc.costly_frames)
             self.grpc.costly_frames = 0
+        if self.server.account_input(self, self.grpc.buffered_input) > NODE_INPUT_BUDGET:
+            log.warning("closing the connection from %s: incomplete messages over the node's budget", self.peer)
+            self.grpc.calm_down("incomplete messages over the node's budget")
+            self.stop_calls()
+            self.close_transport()
+            self.server.account_input(self, 0)
         self._flush()
 
     def _charge(self, frames: int) -> None:
@@ -261,6 +271,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.server.account(self, 0)
+        self.server.account_input(self, 0)
         if self._keepalive is not None:
             self._keepalive.cancel()
         for call in list(self.calls.values()):
@@ -530,6 +541,8 @@ class GrpcServer:
         self.connections: set[_Connection] = set()
         self.queued_output = 0  # responses queued over every connection, as of their last flush
         self._queued_by: dict[_Connection, int] = {}
+        self.buffered_input = 0  # parts of messages over every connection, as of their last read
+        self._buffered_by: dict[_Connection, int] = {}
         self.closing = False
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
@@ -548,6 +561,15 @@ class GrpcServer:
             for other in list(self.connections):
                 if other is not connection:
                     other.wake_writers()
+
+    def account_input(self, connection: _Connection, buffered: int) -> int:
+        """A connection's buffered parts of messages now; the node's total."""
+        self.buffered_input += buffered - self._buffered_by.get(connection, 0)
+        if buffered:
+            self._buffered_by[connection] = buffered
+        else:
+            self._buffered_by.pop(connection, None)
+        return self.buffered_input
 
     def add(self, methods: Iterable[Method]) -> None:
         for method in methods:
