@@ -42,12 +42,23 @@ def newest_logged_time(log: Path) -> float | None:
     return datetime.strptime(stamped[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if stamped else None
 
 
+async def make_it_log(address: str) -> None:
+    """Have the node write a log line now: at debug, it logs each connection that ends in an HTTP/2
+    error (here, one that is not HTTP/2 at all)."""
+    host, port = address.rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"not HTTP/2\r\n\r\n" * 3)
+    await writer.drain()
+    writer.close()
+
+
 async def step_clock(cluster: LocalCluster, clock: SteppedClock, offset_s: int) -> None:
     """Step node 2's wall clock to ``offset_s`` from ours, and wait until its log shows it."""
     await asyncio.to_thread(clock.step, offset_s)
     log = cluster.node(STEPPED).log_path
 
     async def stepped() -> bool:
+        await make_it_log(cluster.node(STEPPED).address)
         logged = newest_logged_time(log)
         return logged is not None and abs(logged - time.time() - offset_s) < 3
 
