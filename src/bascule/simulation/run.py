@@ -19,8 +19,9 @@ from bascule.simulation.cluster import SimCluster, find_violation, run_on_virtua
 from bascule.testing.bus import Faults
 
 FAULT_KINDS = (
-    "kill", "power_cut", "restart", "isolate", "cut_bus", "cut_one_way", "cut_metadata", "lossy_network",
-    "move_metadata_leader", "slow_disk", "disk_full", "fsync_error",
+    "kill", "power_cut", "restart", "isolate", "cut_bus", "split_bus", "cut_one_way", "cut_metadata",
+    "lossy_network", "move_metadata_leader", "slow_disk", "disk_full", "fsync_error",
+    "leader_dies_follower_loses_power",
 )
 SETTLE_TIME = 60.0  # virtual seconds the healed cluster gets to converge
 
@@ -138,11 +139,44 @@ class Run:
         await asyncio.sleep(shape.fault_time)
         await asyncio.gather(*faults)
 
+    async def _leader_dies_follower_loses_power(self, duration: float) -> None:
+        """The compound fault of KIP-966 (the compound-faults issue): the partition's other followers
+        are killed, long enough for the ISR to shrink to the leader and one follower; then the
+        leader's process dies as that follower loses power, and everyone but the leader comes back
+        first."""
+        cluster = self.cluster
+        partition = self.random.randrange(self.shape.partitions)
+        current = cluster.metadata.state.partition("sim", partition)
+        if current is None or current.leader is None or not cluster.nodes[current.leader].up:
+            return
+        leader = cluster.nodes[current.leader]
+        followers = sorted(set(current.isr) - {leader.id})
+        if not followers:
+            return
+        follower = cluster.nodes[self.random.choice(followers)]
+        others = [cluster.nodes[f] for f in sorted(set(current.replicas) - {leader.id, follower.id})]
+        for other in others:
+            cluster.kill(other.id)
+        await asyncio.sleep(2.0)  # beyond the lag time: the ISR shrinks to the leader and the follower
+        if not leader.up or not follower.up:
+            return
+        cluster.kill(leader.id)
+        cluster.power_cut(follower.id)
+        await asyncio.sleep(duration / 2)
+        for node in (follower, *others):
+            if not node.up:
+                node.start()
+        await asyncio.sleep(duration / 2)
+        if not leader.up:
+            leader.start()
+
     async def _fault(self, at: float, kind: str, node_id: str, duration: float) -> None:
         await asyncio.sleep(at)
         cluster, node = self.cluster, self.cluster.nodes[node_id]
         cluster.trace(f"fault: {kind} {node_id} for {duration:.2f} s")
-        if kind in ("kill", "power_cut"):
+        if kind == "leader_dies_follower_loses_power":
+            await self._leader_dies_follower_loses_power(duration)
+        elif kind in ("kill", "power_cut"):
             if not node.up:
                 return
             cluster.power_cut(node_id) if kind == "power_cut" else cluster.kill(node_id)
@@ -160,6 +194,12 @@ class Run:
             cluster.heal_network()
         elif kind == "cut_bus":
             cluster.bus.partition({node_id}, set(cluster.nodes) - {node_id})
+            await asyncio.sleep(duration)
+            cluster.bus.heal()
+        elif kind == "split_bus":
+            others = sorted(set(cluster.nodes) - {node_id})
+            side = {node_id, *self.random.sample(others, self.random.randrange(len(others)))}
+            cluster.bus.partition(side, set(cluster.nodes) - side)
             await asyncio.sleep(duration)
             cluster.bus.heal()
         elif kind == "cut_one_way":
