@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -74,6 +75,8 @@ class SealedNats:
         try:
             await self.client.publish(subject, self.sealer.seal(subject, payload, _now_s()), reply=prefix + token)
             return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None  # as nats-py's requests: a TimeoutError and a nats Error
         finally:
             self._waiting.pop(token, None)
 
