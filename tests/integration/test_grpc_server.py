@@ -14,6 +14,7 @@ import re
 import struct
 import sys
 import time
+from collections.abc import Iterator
 
 import grpc
 import h2.config
@@ -890,6 +891,15 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@contextlib.contextmanager
+def resident_growth_under(limit: int) -> Iterator[None]:
+    """The attack inside grows this process's resident set (the server's) by less than ``limit``."""
+    before = resident_bytes()
+    yield
+    grown = resident_bytes() - before
+    assert grown < limit, f"the resident set grew {grown / 2 ** 20:.0f} MiB"
+
+
 async def answered_within_a_second(address: str) -> None:
     """A well-behaved client beside an attack: its call is answered within 1 s."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -913,29 +923,30 @@ def frame_bytes(frame_type: int, flags: int, stream_id: int, payload: bytes) -> 
 
 async def test_zero_window_subscribes_hold_no_more_than_the_connection_budget():
     """1000 Subscribe calls on a connection that never opens a flow-control window: what the server
-    queues for them stays within the connection's budget, and other clients are answered."""
+    queues for them stays within the connection's budget (before the budgets, these calls took the
+    process from 67 to 1,639 MiB), and other clients are answered."""
     from bascule.h2grpc.server import CONNECTION_OUTPUT_BUDGET
 
     async with serving() as served:
-        client = await RawH2.connect(served.port)
-        rss_before = resident_bytes()
-        try:
-            client.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
-            for _ in range(1000):
-                stream = client.h2.get_next_available_stream_id()
-                client.h2.send_headers(stream, request_headers("/proto.API/Subscribe"))
-                client.h2.send_data(stream, grpc_message(api_pb2.SubscribeRequest(stream="flood")), end_stream=True)
-            await client.send()
-            await asyncio.sleep(1.0)
-            await answered_within_a_second(served.address)
-            queued = served.server.queued_output
-            assert queued <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE), queued
-            assert served.api.produced * len(FLOOD_MESSAGE) <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE)
-            await answered_within_a_second(served.address)
-            # Before the budgets, these 1000 calls took the process from 67 to 1,639 MiB.
-            assert resident_bytes() - rss_before < 96 << 20
-        finally:
-            await client.close()
+        with resident_growth_under(96 << 20):
+            client = await RawH2.connect(served.port)
+            try:
+                client.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+                for _ in range(1000):
+                    stream = client.h2.get_next_available_stream_id()
+                    client.h2.send_headers(stream, request_headers("/proto.API/Subscribe"))
+                    client.h2.send_data(stream, grpc_message(api_pb2.SubscribeRequest(stream="flood")),
+                                        end_stream=True)
+                await client.send()
+                await asyncio.sleep(1.0)
+                await answered_within_a_second(served.address)
+                queued = served.server.queued_output
+                assert queued <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE), queued
+                produced = served.api.produced * len(FLOOD_MESSAGE)
+                assert produced <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE)
+                await answered_within_a_second(served.address)
+            finally:
+                await client.close()
 
 
 async def test_publish_async_requests_are_not_read_while_their_responses_are_not():
@@ -944,111 +955,116 @@ async def test_publish_async_requests_are_not_read_while_their_responses_are_not
     from bascule.h2grpc.server import SEND_HIGH_WATER
 
     async with serving() as served:
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        try:
-            zero_window = struct.pack(">HI", 0x4, 0)
-            writer.write(PREFACE + frame_bytes(0x4, 0, 0, zero_window))
-            headers = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-            headers.initiate_connection()
-            headers.data_to_send()
-            headers.send_headers(1, request_headers("/proto.API/PublishAsync"))
-            block = headers.data_to_send()
-            writer.write(block)
-            one = grpc_message(api_pb2.PublishRequest(correlationId="c", value=b"v"))
-            data = one * ((1 << 20) // len(one))  # one stream window of requests
-            for start in range(0, len(data), 16384):
-                writer.write(frame_bytes(0x0, 0, 1, data[start:start + 16384]))
-            await writer.drain()
-            await asyncio.sleep(1.0)
-            await answered_within_a_second(served.address)
-            connection = next(iter(served.server.connections))
-            assert connection.grpc.queued <= SEND_HIGH_WATER + (64 << 10), connection.grpc.queued
-        finally:
-            writer.close()
+        with resident_growth_under(64 << 20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            try:
+                zero_window = struct.pack(">HI", 0x4, 0)
+                writer.write(PREFACE + frame_bytes(0x4, 0, 0, zero_window))
+                headers = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+                headers.initiate_connection()
+                headers.data_to_send()
+                headers.send_headers(1, request_headers("/proto.API/PublishAsync"))
+                block = headers.data_to_send()
+                writer.write(block)
+                one = grpc_message(api_pb2.PublishRequest(correlationId="c", value=b"v"))
+                data = one * ((1 << 20) // len(one))  # one stream window of requests
+                for start in range(0, len(data), 16384):
+                    writer.write(frame_bytes(0x0, 0, 1, data[start:start + 16384]))
+                await writer.drain()
+                await asyncio.sleep(1.0)
+                await answered_within_a_second(served.address)
+                connection = next(iter(served.server.connections))
+                assert connection.grpc.queued <= SEND_HIGH_WATER + (64 << 10), connection.grpc.queued
+            finally:
+                writer.close()
 
 
 async def test_rapid_reset_gets_goaway_enhance_your_calm():
     """CVE-2023-44487: calls opened and cancelled at once, as fast as a client can."""
     async with serving() as served:
-        client = await RawH2.connect(served.port)
-        try:
-            for _ in range(50):
-                for _ in range(200):
-                    stream = client.h2.get_next_available_stream_id()
-                    client.h2.send_headers(stream, request_headers("/grpc.health.v1.Health/Check"))
-                    client.h2.reset_stream(stream)
-                try:
-                    await client.send()
-                except (ConnectionError, h2.exceptions.ProtocolError):
-                    break
-            goaway = []
+        with resident_growth_under(64 << 20):
+            client = await RawH2.connect(served.port)
+            try:
+                for _ in range(50):
+                    for _ in range(200):
+                        stream = client.h2.get_next_available_stream_id()
+                        client.h2.send_headers(stream, request_headers("/grpc.health.v1.Health/Check"))
+                        client.h2.reset_stream(stream)
+                    try:
+                        await client.send()
+                    except (ConnectionError, h2.exceptions.ProtocolError):
+                        break
+                goaway = []
 
-            def closed() -> bool:
-                return client.closed or bool(goaway)
+                def closed() -> bool:
+                    return client.closed or bool(goaway)
 
-            original = client._note
+                original = client._note
 
-            def note(event):
-                if isinstance(event, h2.events.ConnectionTerminated):
-                    goaway.append(event.error_code)
-                original(event)
+                def note(event):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway.append(event.error_code)
+                    original(event)
 
-            client._note = note
-            with contextlib.suppress(ConnectionError, h2.exceptions.ProtocolError):
-                await client.receive(closed, timeout=5)
-            assert goaway == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM] or client.closed
-            await answered_within_a_second(served.address)
-        finally:
-            await client.close()
+                client._note = note
+                with contextlib.suppress(ConnectionError, h2.exceptions.ProtocolError):
+                    await client.receive(closed, timeout=5)
+                assert goaway == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM] or client.closed
+                await answered_within_a_second(served.address)
+            finally:
+                await client.close()
 
 
 async def test_a_ping_flood_gets_goaway_enhance_your_calm():
     async with serving() as served:
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        try:
-            writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x6, 0, 0, b"12345678") * 20000)
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
-            assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-            await answered_within_a_second(served.address)
-        finally:
-            writer.close()
+        with resident_growth_under(64 << 20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            try:
+                writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x6, 0, 0, b"12345678") * 20000)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+                await answered_within_a_second(served.address)
+            finally:
+                writer.close()
 
 
 async def test_partial_messages_count_against_the_connections_input_budget():
     """Calls announcing big messages and sending most of them: what they make the server buffer is
     bounded; the call whose part would go beyond the budget ends RESOURCE_EXHAUSTED."""
     async with serving(max_message_bytes=1 << 20) as served:
-        client = await RawH2.connect(served.port)
-        try:
-            await client.receive(lambda: client.settings_received and client.h2.outbound_flow_control_window > 1 << 20)
-            streams = []
-            for _ in range(4):
-                stream = client.h2.get_next_available_stream_id()
-                client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
-                prefix = struct.pack(">BI", 0, 1 << 20)  # a message of 1 MiB, announced
-                client.h2.send_data(stream, prefix + b"\0" * (900 << 10))  # and 900 KiB of it sent
-                streams.append(stream)
-                await client.send()
-            await client.receive(lambda: len(client.statuses) >= 2, timeout=5)
-            assert list(client.statuses.values()).count(str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) >= 2
-            connection = next(iter(served.server.connections))
-            assert connection.grpc.buffered_input <= (1 << 20) + (1 << 20)
-            await answered_within_a_second(served.address)
-        finally:
-            await client.close()
+        with resident_growth_under(64 << 20):
+            client = await RawH2.connect(served.port)
+            try:
+                await client.receive(lambda: client.h2.outbound_flow_control_window > 1 << 20)
+                streams = []
+                for _ in range(4):
+                    stream = client.h2.get_next_available_stream_id()
+                    client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
+                    prefix = struct.pack(">BI", 0, 1 << 20)  # a message of 1 MiB, announced
+                    client.h2.send_data(stream, prefix + b"\0" * (900 << 10))  # and 900 KiB of it sent
+                    streams.append(stream)
+                    await client.send()
+                await client.receive(lambda: len(client.statuses) >= 2, timeout=5)
+                assert list(client.statuses.values()).count(str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) >= 2
+                connection = next(iter(served.server.connections))
+                assert connection.grpc.buffered_input <= (1 << 20) + (1 << 20)
+                await answered_within_a_second(served.address)
+            finally:
+                await client.close()
 
 
 async def test_a_header_block_over_the_limit_is_refused_before_it_is_decoded():
     async with serving() as served:
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        try:
-            writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x1, 0x4 | 0x1, 1, b"\x00" * (100 << 10)))
-            await writer.drain()
-            assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-            await answered_within_a_second(served.address)
-        finally:
-            writer.close()
+        with resident_growth_under(64 << 20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            try:
+                writer.write(PREFACE + SETTINGS_FRAME + frame_bytes(0x1, 0x4 | 0x1, 1, b"\x00" * (100 << 10)))
+                await writer.drain()
+                assert await asyncio.wait_for(goaway_code(reader), 5) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+                await answered_within_a_second(served.address)
+            finally:
+                writer.close()
 
 
 async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connection_that_goes_beyond(monkeypatch):
@@ -1058,22 +1074,23 @@ async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connect
 
     monkeypatch.setattr(h2grpc_server, "NODE_INPUT_BUDGET", 3 << 20)
     async with serving(max_message_bytes=4 << 20) as served:
-        first, second = await RawH2.connect(served.port), await RawH2.connect(served.port)
-        try:
-            for client in (first, second):
-                h2_client = client.h2
-                await client.receive(lambda c=h2_client: c.outbound_flow_control_window > 2 << 20)
-                for _ in range(2):  # 2 MiB of parts a connection (each stream's window is 1 MiB)
-                    stream = client.h2.get_next_available_stream_id()
-                    client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
-                    client.h2.send_data(stream, struct.pack(">BI", 0, 4 << 20) + b"\0" * (1000 << 10))
-                await client.send()
-                await asyncio.sleep(0.2)
-            with contextlib.suppress(ConnectionError):
-                await second.receive(lambda: second.closed, timeout=5)
-            assert second.closed and not first.closed
-            assert served.server.buffered_input <= 3 << 20
-            await answered_within_a_second(served.address)
-        finally:
-            await first.close()
-            await second.close()
+        with resident_growth_under(64 << 20):
+            first, second = await RawH2.connect(served.port), await RawH2.connect(served.port)
+            try:
+                for client in (first, second):
+                    h2_client = client.h2
+                    await client.receive(lambda c=h2_client: c.outbound_flow_control_window > 2 << 20)
+                    for _ in range(2):  # 2 MiB of parts a connection (each stream's window is 1 MiB)
+                        stream = client.h2.get_next_available_stream_id()
+                        client.h2.send_headers(stream, request_headers("/proto.API/PublishAsync"))
+                        client.h2.send_data(stream, struct.pack(">BI", 0, 4 << 20) + b"\0" * (1000 << 10))
+                    await client.send()
+                    await asyncio.sleep(0.2)
+                with contextlib.suppress(ConnectionError):
+                    await second.receive(lambda: second.closed, timeout=5)
+                assert second.closed and not first.closed
+                assert served.server.buffered_input <= 3 << 20
+                await answered_within_a_second(served.address)
+            finally:
+                await first.close()
+                await second.close()
