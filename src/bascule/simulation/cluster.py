@@ -41,8 +41,6 @@ from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.subjects import Subjects
 
-log = logging.getLogger(__name__)
-
 HOST = "127.0.0.1"
 STREAM = "sim"
 TRACE_LINES = 400
@@ -264,12 +262,9 @@ class SimCluster:
 
     def leading_replica(self, partition: int) -> PartitionReplica | None:
         """The replica of the node the metadata names leader, if it leads now."""
-        current = self.metadata.state.partition(STREAM, partition)
-        node = self.nodes.get(current.leader) if current is not None and current.leader else None
-        if node is None or not node.up or node.core is None:
-            return None
-        local = node.core.partitions.get(STREAM, partition)
-        return local.replica if local is not None and local.replica.is_leader else None
+        leader = self.leader(partition)
+        replica = self.replica(leader, partition) if leader is not None else None
+        return replica if replica is not None and replica.is_leader else None
 
     def write(
         self, partition: int, value: bytes, replica: PartitionReplica | None = None,
