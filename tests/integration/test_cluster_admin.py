@@ -121,3 +121,35 @@ async def test_two_nodes_joining_at_once_both_become_voters(tmp_path):
     finally:
         nats_server.kill()
 
+
+
+async def test_a_rogue_nats_responder_does_not_block_metadata_changes_through_a_follower():
+    """A plain NATS client answering every request in the cluster's namespace with garbage, faster
+    than any node: CreateStream through a node that is not the metadata leader still succeeds, the
+    forwarded request waiting for the leader's sealed reply and ignoring the rogue's."""
+    import nats
+
+    with LocalCluster(3, config={"clustering.raft.password": "s3cret"}) as cluster:
+        rogue = await nats.connect(cluster.nats_url)
+        answered = 0
+
+        async def answer_garbage(message) -> None:
+            nonlocal answered
+            if message.reply:
+                answered += 1
+                await message.respond(b"x")
+
+        await rogue.subscribe("liftbridge-default.>", cb=answer_garbage)
+        try:
+            async with Client(cluster.brokers[0]) as client:
+                leader = (await client.status())["raftLeaderId"]
+            follower = next(address for server_id, address in zip(cluster.server_ids, cluster.brokers, strict=True)
+                            if server_id != leader)
+            async with Client(follower) as client:
+                await client.create_stream("rogue-proof", "rogue-proof", replication_factor=3)
+                await client.publish("rogue-proof", b"kept", ack_policy="all")
+                metadata = await client.fetch_metadata("rogue-proof")
+            assert "rogue-proof" in metadata.streams
+            assert answered > 0
+        finally:
+            await rogue.close()

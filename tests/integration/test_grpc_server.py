@@ -23,6 +23,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 import pytest
 from conftest import issue, running_node
 from cryptography import x509
@@ -84,6 +85,10 @@ class HealthServicer:
             self.remaining.append(context.time_remaining())
         elif command == "whoami":
             self.metadata, self.peer = context.invocation_metadata(), context.peer()
+        elif command == "busy":  # a handler holding the loop this many seconds, as a costly one would
+            until = time.monotonic() + float(argument)
+            while time.monotonic() < until:
+                pass
         return health_pb2.HealthCheckResponse(status=SERVING)
 
     async def Watch(self, request, context):
@@ -1094,3 +1099,62 @@ async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connect
             finally:
                 await first.close()
                 await second.close()
+
+
+def pipelined_calls(path: str, requests: list[bytes]) -> bytes:
+    """A connection's preface and one complete call per request, as a client pipelining as fast as
+    it can writes them."""
+    encoder = hpack.Encoder()
+    frames = [PREFACE, SETTINGS_FRAME]
+    for index, request in enumerate(requests):
+        stream = 1 + 2 * index
+        frames.append(frame_bytes(0x1, 0x4, stream, encoder.encode(request_headers(path))))
+        frames.append(frame_bytes(0x0, 0x1, stream, request))
+    return b"".join(frames)
+
+
+async def test_pipelined_calls_of_one_connection_leave_turns_to_the_others():
+    """A client pipelining calls as fast as it can, each costing the server 1 ms, gets a share of each
+    turn of the event loop, not whole turns: another client is answered within 1 s throughout (before
+    the shares, the server started up to 1000 of them in one turn, a second each)."""
+    calls = pipelined_calls("/grpc.health.v1.Health/Check", [grpc_message(Check(service="busy:0.001"))] * 20000)
+    async with serving() as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+
+        async def discard_responses() -> None:
+            while await reader.read(1 << 16):
+                pass
+
+        draining = asyncio.create_task(discard_responses())
+        try:
+            writer.write(calls)
+            await asyncio.sleep(0.05)
+            for _ in range(5):
+                await answered_within_a_second(served.address)
+            assert served.health.calls > 5
+        finally:
+            writer.close()
+            draining.cancel()
+
+
+async def test_pipelined_unary_calls_whose_responses_are_not_read_wait_within_the_connections_budget():
+    """Unary calls whose responses the client never lets through (a zero window): once what waits
+    for it reaches the connection's budget, the next calls wait before they run, whatever the client
+    sends (before, 200 such calls queued 50 MiB)."""
+    from bascule.h2grpc.server import CONNECTION_OUTPUT_BUDGET
+
+    response = 256 << 10
+    calls = pipelined_calls("/proto.API/Publish",
+                            [grpc_message(api_pb2.PublishRequest(stream="big-response", partition=response))] * 200)
+    zero_window = frame_bytes(0x4, 0, 0, struct.pack(">HI", 0x4, 0))
+    async with serving() as served:
+        with resident_growth_under(64 << 20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            try:
+                writer.write(calls[:len(PREFACE)] + zero_window + calls[len(PREFACE):])
+                await writer.drain()
+                await asyncio.sleep(1.0)
+                assert served.server.queued_output <= CONNECTION_OUTPUT_BUDGET + 2 * response
+                await answered_within_a_second(served.address)
+            finally:
+                writer.close()

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bascule.h2grpc.connection import (
+    HEADERS_COST,
     PREFACE,
     CallCancelled,
     CallStarted,
@@ -1189,3 +1190,23 @@ def test_a_header_block_over_the_limit_ends_the_connection_before_decoding():
     pair = connect()
     events = pair.server.receive(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\x00" * (65 << 10)))
     assert [type(e) for e in events] == [ConnectionEnded]
+
+
+def test_a_receive_handles_at_most_its_share_of_frames_and_leaves_the_rest_for_the_next():
+    pair = Pair(GrpcConnection(1 << 20, frames_per_receive=2 * HEADERS_COST + 1),
+                h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8")))
+    pair.server.initiate()
+    pair.client.initiate_connection()
+    for _ in range(3):
+        stream = pair.client.get_next_available_stream_id()
+        pair.client.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", METHOD),
+                                          (":authority", "x"), ("content-type", "application/grpc")])
+        pair.client.send_data(stream, frame([b"m"]), end_stream=True)
+    first = pair.server.receive(pair.client.data_to_send())  # SETTINGS, then HEADERS and DATA a call
+    assert [type(e) for e in first] == [CallStarted, MessagesReceived, RequestsEnded, CallStarted]
+    assert pair.server.input_pending
+    events = first
+    while pair.server.input_pending:
+        events += pair.server.receive()
+    assert [type(e) for e in events] == [CallStarted, MessagesReceived, RequestsEnded] * 3
+    assert pair.server.receive() == []

@@ -47,6 +47,7 @@ CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # what this side accepts; what it sends is what the peer accepts
 MAX_HEADER_LIST = 64 << 10
 MAX_CONCURRENT_STREAMS = 1000
+HEADERS_COST = 32  # frames a HEADERS frame counts as, against a receive's share
 _DEFAULT_WINDOW = 65535
 _DEFAULT_FRAME = 16384
 _MAX_WINDOW = (1 << 31) - 1
@@ -144,10 +145,15 @@ class GrpcConnection:
     shell holds it to a budget); the frames that cost it work without being calls (PINGs and
     SETTINGS to answer, resets, empty DATA frames) are counted in ``costly_frames`` for the shell
     to judge, and ``calm_down`` ends a connection that abuses them (GOAWAY ENHANCE_YOUR_CALM).
+    A receive handles at most ``frames_per_receive`` frames (a HEADERS frame counting as
+    HEADERS_COST), so that the shell can share its turns among connections.
     """
 
-    def __init__(self, max_message_bytes: int, max_buffered_input: int | None = None) -> None:
+    def __init__(self, max_message_bytes: int, max_buffered_input: int | None = None,
+                 frames_per_receive: int | None = None) -> None:
         self._max_message_bytes = max_message_bytes
+        self._frames_per_receive = frames_per_receive or 1 << 62
+        self.input_pending = False  # whole frames left unread by the last receive, for the next
         # One message of the largest size must always fit, with a window of the next one's start.
         self._max_buffered_input = max_buffered_input or max_message_bytes + STREAM_WINDOW
         self.queued = 0  # response bytes queued over all calls, not yet framed
@@ -211,7 +217,11 @@ class GrpcConnection:
             self.buffered_input -= stream.reader.buffered
         return stream
 
-    def receive(self, data: bytes) -> list[Event]:
+    def receive(self, data: bytes = b"") -> list[Event]:
+        """The events of the frames in ``data`` and those buffered before it: of at most
+        ``frames_per_receive`` frames, the rest (``input_pending``) left for the next call. A HEADERS
+        frame counts as HEADERS_COST frames: a call costs its header block's decoding and a handler."""
+        self.input_pending = False
         if self.closed:
             return []
         events: list[Event] = []
@@ -227,8 +237,13 @@ class GrpcConnection:
                 self._preface_seen = True
                 position = len(PREFACE)
             end = len(buffer)
+            frames = 0
             while end - position >= 9:
+                if frames >= self._frames_per_receive:
+                    self.input_pending = True
+                    break
                 high, low, frame_type, flags, stream_id = _FRAME_HEADER.unpack_from(buffer, position)
+                frames += HEADERS_COST if frame_type == HEADERS else 1
                 length = high << 16 | low
                 if length > MAX_FRAME:
                     raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes exceeds {MAX_FRAME}")

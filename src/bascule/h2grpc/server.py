@@ -54,6 +54,7 @@ NODE_OUTPUT_BUDGET = 256 << 20  # ... or this much for every connection together
 # GrpcConnection's): a connection that takes the node beyond it is closed.
 NODE_INPUT_BUDGET = 512 << 20
 MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
+FRAMES_PER_TURN = 1024  # frames of one connection handled in a turn of the event loop: 32 calls
 FLOOD_RATE = 500.0  # costly frames a second a connection may send, sustained
 FLOOD_BURST = 2000.0
 UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
@@ -198,13 +199,14 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.grpc = GrpcConnection(server.max_message_bytes)
+        self.grpc = GrpcConnection(server.max_message_bytes, frames_per_receive=FRAMES_PER_TURN)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.peer_certificate: dict[str, Any] | None = None
         self.calls: dict[int, _Call] = {}
         self._flush_scheduled = False
         self._paused = False
+        self._rest_scheduled = False
         self._heard_from_client = True
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_sent = False
@@ -231,6 +233,12 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard_from_client = True
+        self._receive(data)
+
+    def _receive(self, data: bytes) -> None:
+        """Handle a turn's share of what the client sent; the rest waits for the next turn, with
+        reading paused meanwhile, so that a connection sending as fast as it can (pipelined calls,
+        small frames) leaves the loop to the others between its shares."""
         for event in self.grpc.receive(data):
             if isinstance(event, MessagesReceived):
                 self._messages(event)
@@ -254,7 +262,23 @@ class _Connection(asyncio.Protocol):
             self.stop_calls()
             self.close_transport()
             self.server.account_input(self, 0)
+        if self.grpc.input_pending:
+            self._receive_rest_soon()
         self._flush()
+
+    def _receive_rest_soon(self) -> None:
+        if not self._rest_scheduled and self.transport is not None and not self.transport.is_closing():
+            self._rest_scheduled = True
+            self.transport.pause_reading()
+            self.loop.call_soon(self._receive_rest)
+
+    def _receive_rest(self) -> None:
+        self._rest_scheduled = False
+        if self.transport is None or self.transport.is_closing() or self._paused:
+            return  # resume_writing comes back for the rest
+        self._receive(b"")
+        if not self.grpc.input_pending and not self._paused:
+            self.transport.resume_reading()
 
     def _charge(self, frames: int) -> None:
         """A token bucket of costly frames: past it, the connection is abusing the protocol."""
@@ -288,7 +312,10 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+            if self.grpc.input_pending:
+                self._receive_rest_soon()
+            else:
+                self.transport.resume_reading()
         self.wake_writers()
 
     # --- calls ---------------------------------------------------------------------------------
@@ -379,6 +406,10 @@ class _Connection(asyncio.Protocol):
                         break
                     self._send(call, response)
             else:
+                # A unary call starts only within the budgets too: pipelined calls whose responses
+                # the client does not read would otherwise queue one response each.
+                while self.must_wait(call):
+                    await self.writable(call)
                 self._send(call, await method.handler(argument, call.context))
             self._end(call, Status.OK)
         except Abort as abort:
