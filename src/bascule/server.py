@@ -67,7 +67,8 @@ async def _serve(
     if nodes is not None:
         nodes.append(node)
     grpc_calls = GrpcCalls() if config.metrics.port is not None else None  # observed only for the endpoint
-    server = GrpcServer(ssl_context=tls, observer=None if grpc_calls is None else grpc_calls.observe)
+    server = GrpcServer(ssl_context=tls, observer=None if grpc_calls is None else grpc_calls.observe,
+                        limits=config.grpc)
     metrics = None
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.

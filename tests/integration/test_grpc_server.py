@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bascule.client import Client, ClientTls
-from bascule.h2grpc import GrpcServer, server_tls_context, service_methods
+from bascule.h2grpc import GrpcLimits, GrpcServer, server_tls_context, service_methods
 from bascule.spark.connections import connect
 from bascule.spark.options import parse_read_options
 from bascule.wire.pb import api_pb2, api_pb2_grpc, health_pb2, health_pb2_grpc
@@ -930,8 +930,7 @@ async def test_zero_window_subscribes_hold_no_more_than_the_connection_budget():
     """1000 Subscribe calls on a connection that never opens a flow-control window: what the server
     queues for them stays within the connection's budget (before the budgets, these calls took the
     process from 67 to 1,639 MiB), and other clients are answered."""
-    from bascule.h2grpc.server import CONNECTION_OUTPUT_BUDGET
-
+    budget = GrpcLimits().connection_output
     async with serving() as served:
         with resident_growth_under(96 << 20):
             client = await RawH2.connect(served.port)
@@ -946,9 +945,9 @@ async def test_zero_window_subscribes_hold_no_more_than_the_connection_budget():
                 await asyncio.sleep(1.0)
                 await answered_within_a_second(served.address)
                 queued = served.server.queued_output
-                assert queued <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE), queued
+                assert queued <= budget + 2 * len(FLOOD_MESSAGE), queued
                 produced = served.api.produced * len(FLOOD_MESSAGE)
-                assert produced <= CONNECTION_OUTPUT_BUDGET + 2 * len(FLOOD_MESSAGE)
+                assert produced <= budget + 2 * len(FLOOD_MESSAGE)
                 await answered_within_a_second(served.address)
             finally:
                 await client.close()
@@ -957,8 +956,6 @@ async def test_zero_window_subscribes_hold_no_more_than_the_connection_budget():
 async def test_publish_async_requests_are_not_read_while_their_responses_are_not():
     """A client that sends PublishAsync requests and reads no responses: once the responses it does
     not read fill the budget, no more requests are read; its own window stops it."""
-    from bascule.h2grpc.server import SEND_HIGH_WATER
-
     async with serving() as served:
         with resident_growth_under(64 << 20):
             reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
@@ -979,7 +976,7 @@ async def test_publish_async_requests_are_not_read_while_their_responses_are_not
                 await asyncio.sleep(1.0)
                 await answered_within_a_second(served.address)
                 connection = next(iter(served.server.connections))
-                assert connection.grpc.queued <= SEND_HIGH_WATER + (64 << 10), connection.grpc.queued
+                assert connection.grpc.queued <= GrpcLimits().call_output + (64 << 10), connection.grpc.queued
             finally:
                 writer.close()
 
@@ -1072,13 +1069,10 @@ async def test_a_header_block_over_the_limit_is_refused_before_it_is_decoded():
                 writer.close()
 
 
-async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connection_that_goes_beyond(monkeypatch):
+async def test_incomplete_messages_over_the_nodes_input_budget_close_the_connection_that_goes_beyond():
     """Two connections each within their own budget, but together beyond the node's: the second is
     closed (GOAWAY ENHANCE_YOUR_CALM), the first goes on."""
-    from bascule.h2grpc import server as h2grpc_server
-
-    monkeypatch.setattr(h2grpc_server, "NODE_INPUT_BUDGET", 3 << 20)
-    async with serving(max_message_bytes=4 << 20) as served:
+    async with serving(max_message_bytes=4 << 20, limits=GrpcLimits(node_input=3 << 20)) as served:
         with resident_growth_under(64 << 20):
             first, second = await RawH2.connect(served.port), await RawH2.connect(served.port)
             try:
@@ -1141,8 +1135,6 @@ async def test_pipelined_unary_calls_whose_responses_are_not_read_wait_within_th
     """Unary calls whose responses the client never lets through (a zero window): once what waits
     for it reaches the connection's budget, the next calls wait before they run, whatever the client
     sends (before, 200 such calls queued 50 MiB)."""
-    from bascule.h2grpc.server import CONNECTION_OUTPUT_BUDGET
-
     response = 256 << 10
     calls = pipelined_calls("/proto.API/Publish",
                             [grpc_message(api_pb2.PublishRequest(stream="big-response", partition=response))] * 200)
@@ -1154,7 +1146,7 @@ async def test_pipelined_unary_calls_whose_responses_are_not_read_wait_within_th
                 writer.write(calls[:len(PREFACE)] + zero_window + calls[len(PREFACE):])
                 await writer.drain()
                 await asyncio.sleep(1.0)
-                assert served.server.queued_output <= CONNECTION_OUTPUT_BUDGET + 2 * response
+                assert served.server.queued_output <= GrpcLimits().connection_output + 2 * response
                 await answered_within_a_second(served.address)
             finally:
                 writer.close()

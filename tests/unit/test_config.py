@@ -675,3 +675,30 @@ def test_compaction_and_the_cursor_streams_auto_pause_as_liftbridge_has_them():
     config = load_config(None, {"streams.compact.enabled": True, "cursors.stream.auto.pause.time": "0s"})
     assert config.streams.compact_enabled and config.cursors.stream_auto_pause_time == 0
     assert config.ignored_settings == ()
+
+
+# ---- the gRPC port's limits ----------------------------------------------------------------------
+
+
+def test_grpc_limits_default_to_the_documented_bounds_and_are_set_by_their_keys(write_config):
+    from bascule.h2grpc import GrpcLimits
+
+    assert load_config(None).grpc == GrpcLimits()
+    config = load_text(write_config, textwrap.dedent("""\
+        grpc:
+          max.concurrent.calls: 100
+          connection.output: 4MiB
+          node.input: 128MiB
+          flood.rate: 100
+        """))
+    assert config.grpc == GrpcLimits(max_concurrent_calls=100, connection_output=4 << 20, node_input=128 << 20,
+                                     flood_rate=100)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("grpc.max.concurrent.calls", 0), ("grpc.connection.output", "lots"), ("grpc.node.input", -1),
+    ("grpc.frames.per.turn", 1), ("grpc.flood.rate", "fast"),
+])
+def test_a_bad_grpc_limit_names_its_key(key, value):
+    with pytest.raises(ConfigError, match=f"^{re.escape(key)}: expected"):
+        load_config(None, {key: value})

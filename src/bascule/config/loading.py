@@ -34,6 +34,7 @@ from bascule.config.model import (
     default_data_dir,
 )
 from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list, unauthenticated_raft_error
+from bascule.h2grpc.limits import GrpcLimits
 from bascule.natsio.auth import NatsAuth, NatsAuthError
 
 # The Raft password from the environment, for secrets kept out of command lines (which every user of the
@@ -137,6 +138,7 @@ def _build(values: dict[str, Any]) -> Config:
         activity=ActivityConfig(**fields["activity"]),
         groups=GroupsConfig(**fields["groups"]),
         metrics=_metrics(values),
+        grpc=GrpcLimits(**fields["grpc"]),
         ignored_settings=tuple(sorted(key for key in values if SETTINGS[key].ignored)),
         **fields[""],
     )

@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from bascule.config.values import HOUR, MINUTE, WILDCARD_HOSTS, MiB, join_host_port
+from bascule.h2grpc.limits import GrpcLimits
 from bascule.natsio.auth import NatsAuth
 from bascule.wire.settings import StreamDefaults
 
@@ -135,6 +136,7 @@ class Config:
     activity: ActivityConfig = ActivityConfig()
     groups: GroupsConfig = GroupsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    grpc: GrpcLimits = GrpcLimits()
     # Liftbridge settings that were given but have no effect in bascule, for the node to warn about.
     ignored_settings: tuple[str, ...] = ()
 

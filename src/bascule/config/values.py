@@ -349,6 +349,15 @@ SETTINGS: dict[str, Setting] = {
     # bascule's HTTP endpoint of metrics and health probes (MetricsConfig, built by loading).
     "metrics.listen": Setting(_listen),
     "metrics.port": Setting(_port),
+    # bascule's bounds on what one gRPC client can make a node hold or do (h2grpc.GrpcLimits).
+    "grpc.max.concurrent.calls": Setting(_integer(1, (1 << 31) - 1), "grpc.max_concurrent_calls"),
+    "grpc.call.output": Setting(_size(64 << 10), "grpc.call_output"),
+    "grpc.connection.output": Setting(_size(64 << 10), "grpc.connection_output"),
+    "grpc.node.output": Setting(_size(64 << 10), "grpc.node_output"),
+    "grpc.node.input": Setting(_size(1 << 20), "grpc.node_input"),
+    "grpc.frames.per.turn": Setting(_integer(64), "grpc.frames_per_turn"),
+    "grpc.flood.rate": Setting(_integer(1), "grpc.flood_rate"),
+    "grpc.flood.burst": Setting(_integer(1), "grpc.flood_burst"),
     # Liftbridge settings with no effect in bascule: checked, then ignored.
     "batch.max.messages": _ignored(_integer(0)),
     "batch.max.time": _ignored(_duration),

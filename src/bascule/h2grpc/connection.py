@@ -46,7 +46,6 @@ STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # what this side accepts; what it sends is what the peer accepts
 MAX_HEADER_LIST = 64 << 10
-MAX_CONCURRENT_STREAMS = 1000
 HEADERS_COST = 32  # frames a HEADERS frame counts as, against a receive's share
 _DEFAULT_WINDOW = 65535
 _DEFAULT_FRAME = 16384
@@ -64,7 +63,7 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 ENHANCE_YOUR_CALM = 0xB
 # Settings.
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS_SETTING = 0x1, 0x2, 0x3
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 _FRAME_HEADER = struct.Struct(">BHBBI")  # length as 8 + 16 bits, type, flags, stream id
@@ -138,7 +137,7 @@ class _Stream:
 class GrpcConnection:
     """One HTTP/2 connection's gRPC calls, sans I/O.
 
-    Bounds: at most MAX_CONCURRENT_STREAMS calls; a header block of at most MAX_HEADER_LIST bytes,
+    Bounds: at most ``max_concurrent_calls`` calls; a header block of at most MAX_HEADER_LIST bytes,
     checked before it is decoded; incoming data within the flow-control windows; parts of messages
     waiting for the rest of them at most ``max_buffered_input`` bytes over all calls (the call whose
     part would go beyond it ends RESOURCE_EXHAUSTED). What it queues to send is ``queued`` (the
@@ -150,8 +149,9 @@ class GrpcConnection:
     """
 
     def __init__(self, max_message_bytes: int, max_buffered_input: int | None = None,
-                 frames_per_receive: int | None = None) -> None:
+                 frames_per_receive: int | None = None, max_concurrent_calls: int = 1000) -> None:
         self._max_message_bytes = max_message_bytes
+        self._max_concurrent_calls = max_concurrent_calls
         self._frames_per_receive = frames_per_receive or 1 << 62
         self.input_pending = False  # whole frames left unread by the last receive, for the next
         # One message of the largest size must always fit, with a window of the next one's start.
@@ -182,7 +182,7 @@ class GrpcConnection:
     def initiate(self) -> None:
         settings = b"".join(_SETTING.pack(code, value) for code, value in (
             (INITIAL_WINDOW_SIZE, STREAM_WINDOW), (MAX_FRAME_SIZE, MAX_FRAME),
-            (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST), (MAX_CONCURRENT_STREAMS_SETTING, MAX_CONCURRENT_STREAMS),
+            (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST), (MAX_CONCURRENT_STREAMS, self._max_concurrent_calls),
             (ENABLE_PUSH, 0),
         ))
         self._frame(SETTINGS, 0, 0, settings)
@@ -406,7 +406,7 @@ class GrpcConnection:
         if stream_id <= self.highest_stream_id:
             return  # a stream this side has closed: frames crossing its end are ignored (RFC 9113 5.1)
         self.highest_stream_id = stream_id
-        if len(self._streams) >= MAX_CONCURRENT_STREAMS:
+        if len(self._streams) >= self._max_concurrent_calls:
             self._reset(stream_id, REFUSED_STREAM)
             return
         self._request(stream_id, flags, headers, events)

@@ -7,13 +7,15 @@ so a Subscribe that yields a hundred messages in a turn sends them in a few DATA
 
 What a client can make the server hold is bounded (docs/operations.md, "Limits of the gRPC port"):
 responses queued but not yet sent (a client that stops reading, or never opens its flow-control
-windows) at most SEND_HIGH_WATER per call, CONNECTION_OUTPUT_BUDGET per connection and
-NODE_OUTPUT_BUDGET over all: past any of them, streaming handlers wait before their next response,
+windows) at most ``GrpcLimits.call_output`` per call, ``connection_output`` per connection and
+``node_output`` over all: past any of them, streaming handlers wait before their next response,
+unary handlers before they run,
 and client-streaming handlers (PublishAsync) get no more requests, so the client's own windows stop
 it; the socket's write buffer full, the connection stops reading too. Frames that cost work without
-being calls (PINGs, SETTINGS, resets, empty DATA frames) are allowed FLOOD_RATE a second, in bursts
-of FLOOD_BURST; beyond that the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed, as is one
-that takes the parts of messages buffered over every connection beyond NODE_INPUT_BUDGET.
+being calls (PINGs, SETTINGS, resets, empty DATA frames) are allowed ``flood_rate`` a second, in
+bursts of ``flood_burst``; beyond that the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed, as
+is one that takes the parts of messages buffered over every connection beyond ``node_input``. A
+connection's frames are handled ``frames_per_turn`` at a time, so that every connection gets turns.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from bascule.h2grpc.connection import (
     PingAcked,
     RequestsEnded,
 )
+from bascule.h2grpc.limits import GrpcLimits
 from bascule.h2grpc.services import Method
 from bascule.h2grpc.status import Abort, Status, status_of
 
@@ -46,17 +49,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
 KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
-SEND_HIGH_WATER = 1 << 20  # a streaming handler waits while this much is queued for its call
-SEND_LOW_WATER = 256 << 10
-CONNECTION_OUTPUT_BUDGET = 8 << 20  # ... or while this much is queued for its connection
-NODE_OUTPUT_BUDGET = 256 << 20  # ... or this much for every connection together
-# Parts of messages waiting for the rest, over every connection (each has its own budget too,
-# GrpcConnection's): a connection that takes the node beyond it is closed.
-NODE_INPUT_BUDGET = 512 << 20
 MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
-FRAMES_PER_TURN = 1024  # frames of one connection handled in a turn of the event loop: 32 calls
-FLOOD_RATE = 500.0  # costly frames a second a connection may send, sustained
-FLOOD_BURST = 2000.0
 UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
 
 # Told of each call as it ends (its status sent, or the client gone: CANCELLED): the method's path,
@@ -199,7 +192,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.grpc = GrpcConnection(server.max_message_bytes, frames_per_receive=FRAMES_PER_TURN)
+        self.limits = limits = server.limits
+        self.grpc = GrpcConnection(server.max_message_bytes, frames_per_receive=limits.frames_per_turn,
+                                   max_concurrent_calls=limits.max_concurrent_calls)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.peer_certificate: dict[str, Any] | None = None
@@ -210,7 +205,7 @@ class _Connection(asyncio.Protocol):
         self._heard_from_client = True
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_sent = False
-        self._allowance = FLOOD_BURST
+        self._allowance = limits.flood_burst
         self._allowance_at = self.loop.time()
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
@@ -256,7 +251,7 @@ class _Connection(asyncio.Protocol):
         if self.grpc.costly_frames:
             self._charge(self.grpc.costly_frames)
             self.grpc.costly_frames = 0
-        if self.server.account_input(self, self.grpc.buffered_input) > NODE_INPUT_BUDGET:
+        if self.server.account_input(self, self.grpc.buffered_input) > self.limits.node_input:
             log.warning("closing the connection from %s: incomplete messages over the node's budget", self.peer)
             self.grpc.calm_down("incomplete messages over the node's budget")
             self.stop_calls()
@@ -282,12 +277,13 @@ class _Connection(asyncio.Protocol):
 
     def _charge(self, frames: int) -> None:
         """A token bucket of costly frames: past it, the connection is abusing the protocol."""
-        now = self.loop.time()
-        self._allowance = min(FLOOD_BURST, self._allowance + (now - self._allowance_at) * FLOOD_RATE) - frames
+        now, limits = self.loop.time(), self.limits
+        self._allowance = min(limits.flood_burst,
+                              self._allowance + (now - self._allowance_at) * limits.flood_rate) - frames
         self._allowance_at = now
         if self._allowance < 0:
             log.warning("closing the connection from %s: more PINGs, SETTINGS, resets or empty frames than "
-                        "%g a second", self.peer, FLOOD_RATE)
+                        "%g a second", self.peer, limits.flood_rate)
             self.grpc.calm_down("too many PINGs, SETTINGS, resets or empty frames")
             self.stop_calls()
             self.close_transport()
@@ -392,12 +388,12 @@ class _Connection(asyncio.Protocol):
         try:
             if method.server_streaming:
                 next_response = method.handler(argument, call.context).__anext__
-                grpc, server = self.grpc, self.server
+                grpc, server, limits = self.grpc, self.server, self.limits
                 while True:
                     # Before the handler makes its next response: a call waiting here holds none.
                     # (With no more than a call's high water queued on the whole connection, no
                     # limit can be reached: the common case, checked first.)
-                    if self._paused or grpc.queued > SEND_HIGH_WATER or server.queued_output > NODE_OUTPUT_BUDGET:
+                    if self._paused or grpc.queued > limits.call_output or server.queued_output > limits.node_output:
                         while self.must_wait(call):
                             await self.writable(call)
                     try:
@@ -441,8 +437,9 @@ class _Connection(asyncio.Protocol):
     def must_wait(self, call: _Call) -> bool:
         """Whether the call's next response must wait: too much is queued for it, its connection
         or the node, or the socket's buffer is full."""
-        return (self._paused or self.grpc.pending_bytes(call.stream_id) > SEND_HIGH_WATER
-                or self.grpc.queued > CONNECTION_OUTPUT_BUDGET or self.server.queued_output > NODE_OUTPUT_BUDGET)
+        limits = self.limits
+        return (self._paused or self.grpc.pending_bytes(call.stream_id) > limits.call_output
+                or self.grpc.queued > limits.connection_output or self.server.queued_output > limits.node_output)
 
     async def writable(self, call: _Call) -> None:
         """Until the call may go on (``must_wait`` looked again then); shared by its handler and its
@@ -454,15 +451,16 @@ class _Connection(asyncio.Protocol):
         await asyncio.shield(waiter)
 
     def wake_writers(self) -> None:
-        if self._paused or self.grpc.queued > CONNECTION_OUTPUT_BUDGET * 3 // 4:
+        limits = self.limits
+        if self._paused or self.grpc.queued > limits.connection_output * 3 // 4:
             return
-        if self.server.queued_output > NODE_OUTPUT_BUDGET * 3 // 4:
+        if self.server.queued_output > limits.node_output * 3 // 4:
             return
         for call in self.calls.values():
             writable = call.writable
             if writable is None or writable.done():
                 continue
-            if self.grpc.pending_bytes(call.stream_id) <= SEND_LOW_WATER:
+            if self.grpc.pending_bytes(call.stream_id) <= limits.call_output // 4:
                 writable.set_result(None)
 
     def _end(self, call: _Call, status: Status, message: str = "") -> None:
@@ -564,8 +562,10 @@ class GrpcServer:
         keepalive_time: float = KEEPALIVE_TIME,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         observer: CallObserver | None = None,
+        limits: GrpcLimits | None = None,
     ) -> None:
         self.methods: dict[str, Method] = {}
+        self.limits = limits or GrpcLimits()
         self.observe: CallObserver = observer or _unobserved
         self.max_message_bytes = max_message_bytes
         self.keepalive_time, self.keepalive_timeout = keepalive_time, keepalive_timeout
@@ -587,7 +587,7 @@ class GrpcServer:
             self._queued_by[connection] = queued
         else:
             self._queued_by.pop(connection, None)
-        low = NODE_OUTPUT_BUDGET * 3 // 4
+        low = self.limits.node_output * 3 // 4
         if before > low >= self.queued_output:
             for other in list(self.connections):
                 if other is not connection:
