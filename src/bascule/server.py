@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import gc
 import logging
+import resource
 import signal
 import sys
 
@@ -18,7 +21,7 @@ from bascule.api.server import add_services
 from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.config.model import MetricsConfig
 from bascule.config.values import join_host_port
-from bascule.h2grpc import GrpcServer, server_tls_context
+from bascule.h2grpc import GrpcLimits, GrpcServer, server_tls_context
 from bascule.metrics import GrpcCalls, MetricsServer
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
@@ -68,7 +71,7 @@ async def _serve(
         nodes.append(node)
     grpc_calls = GrpcCalls() if config.metrics.port is not None else None  # observed only for the endpoint
     server = GrpcServer(ssl_context=tls, observer=None if grpc_calls is None else grpc_calls.observe,
-                        limits=config.grpc)
+                        limits=grpc_limits_for_open_files(config.grpc))
     metrics = None
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
@@ -122,6 +125,29 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(GC_THRESHOLD, 20, 20)
 
 
+def raise_open_files_limit() -> None:
+    """The soft limit of open files up to the hard one, as Go's runtime does: the default soft limit
+    (often 1024) is below what the gRPC port's connection limit, the log's segments, Raft and NATS
+    need together."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    log.debug("open files limit: %s", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def grpc_limits_for_open_files(limits: GrpcLimits) -> GrpcLimits:
+    """The configured limits, with no more gRPC connections than half the open files the process may
+    have: the other half is for the log's segments, Raft and NATS."""
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if open_files == resource.RLIM_INFINITY or limits.max_connections <= open_files // 2:
+        return limits
+    log.warning("at most %d gRPC connections (grpc.max.connections is %d): the process may open %d files",
+                open_files // 2, limits.max_connections, open_files)
+    return dataclasses.replace(limits, max_connections=open_files // 2)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides_from_args(args))
@@ -130,6 +156,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     logs.configure(config.logging)
     tune_garbage_collector()
+    raise_open_files_limit()
     try:
         asyncio.run(run(config))
     except ExceptionGroup as group:  # what failed in the server's task group

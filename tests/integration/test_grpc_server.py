@@ -1150,3 +1150,20 @@ async def test_pipelined_unary_calls_whose_responses_are_not_read_wait_within_th
                 await answered_within_a_second(served.address)
             finally:
                 writer.close()
+
+
+async def test_connections_beyond_the_limit_are_closed_at_once_and_admitted_again_below_it():
+    async with serving(limits=GrpcLimits(max_connections=8)) as served:
+        held = [await asyncio.open_connection("127.0.0.1", served.port) for _ in range(8)]
+        try:
+            await asyncio.sleep(0.2)
+            assert len(served.server.connections) == 8
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            assert await asyncio.wait_for(reader.read(1 << 16), 5) == b""  # closed, no SETTINGS sent
+            writer.close()
+            assert len(served.server.connections) == 8
+        finally:
+            for _, writer in held:
+                writer.close()
+        await asyncio.sleep(0.2)
+        await answered_within_a_second(served.address)

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from bascule.metadata.raft import MetadataRaft
-from bascule.metadata.raft_port import FIRST_MESSAGE_LIMIT
+from bascule.metadata.raft_port import FIRST_MESSAGE_LIMIT, UNIDENTIFIED_LIMIT
 from bascule.testing.ports import free_port
 from bascule.wire.commands import RegisterBroker
 
@@ -76,3 +76,24 @@ async def test_a_stranger_cannot_make_the_raft_port_buffer_or_hold_connections(t
             silent.close()
         await raft.propose(RegisterBroker(id="a", host="h", port=1, raft="r", incarnation="i", unclean=False))
         assert "a" in raft.state.brokers
+
+
+async def test_a_stranger_opening_connections_as_fast_as_it_can_holds_at_most_the_limit(tmp_path) -> None:
+    async with single_member(tmp_path) as (raft, address):
+        host, port = address.rsplit(":", 1)
+        transport = raft._sync._SyncObj__transport
+        strangers = [socket.create_connection((host, int(port)), timeout=1.0) for _ in range(3 * UNIDENTIFIED_LIMIT)]
+        try:
+            await asyncio.sleep(0.3)
+            assert len(transport._unknownConnections) <= UNIDENTIFIED_LIMIT
+            closed = 0
+            for stranger in strangers:
+                stranger.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    closed += stranger.recv(1) == b""
+            assert closed >= 2 * UNIDENTIFIED_LIMIT  # the oldest made room for the newest
+            await raft.propose(RegisterBroker(id="a", host="h", port=1, raft="r", incarnation="i", unclean=False))
+            assert "a" in raft.state.brokers
+        finally:
+            for stranger in strangers:
+                stranger.close()

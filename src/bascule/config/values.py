@@ -350,6 +350,7 @@ SETTINGS: dict[str, Setting] = {
     "metrics.listen": Setting(_listen),
     "metrics.port": Setting(_port),
     # bascule's bounds on what one gRPC client can make a node hold or do (h2grpc.GrpcLimits).
+    "grpc.max.connections": Setting(_integer(1), "grpc.max_connections"),
     "grpc.max.concurrent.calls": Setting(_integer(1, (1 << 31) - 1), "grpc.max_concurrent_calls"),
     "grpc.call.output": Setting(_size(64 << 10), "grpc.call_output"),
     "grpc.connection.output": Setting(_size(64 << 10), "grpc.connection_output"),

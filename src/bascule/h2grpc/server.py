@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIME = 60.0  # a PING after this long without hearing from the client
 KEEPALIVE_TIMEOUT = 20.0  # and the connection closed if nothing comes back within this
+# Connections still in their TLS handshake are not counted against the connection limit: they are
+# closed if it has not completed within this.
+TLS_HANDSHAKE_TIMEOUT = 10.0
 MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
 UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
 
@@ -221,7 +224,9 @@ class _Connection(asyncio.Protocol):
             return
         if ssl_object is not None:
             self.peer_certificate = ssl_object.getpeercert() or None
-        self.server.connections.add(self)
+        if not self.server.admit(self):
+            transport.close()
+            return
         self.grpc.initiate()
         self._write()
         self._keepalive = self.loop.call_later(self.server.keepalive_time, self._keepalive_due)
@@ -575,8 +580,22 @@ class GrpcServer:
         self.buffered_input = 0  # parts of messages over every connection, as of their last read
         self._buffered_by: dict[_Connection, int] = {}
         self.closing = False
+        self._refusing = False  # at the connection limit, told once
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
+
+    def admit(self, connection: _Connection) -> bool:
+        """Whether a new connection may be served: the connections open stay within the limit, so
+        that no client exhausts the process's file descriptors (which its logs, Raft and NATS need)."""
+        if len(self.connections) >= self.limits.max_connections:
+            if not self._refusing:
+                log.warning("refusing gRPC connections: %d are open, the limit (grpc.max.connections)",
+                            len(self.connections))
+            self._refusing = True
+            return False
+        self._refusing = False
+        self.connections.add(connection)
+        return True
 
     def account(self, connection: _Connection, queued: int) -> None:
         """A connection's queued responses now; below the node's low mark again, every connection's
@@ -611,6 +630,7 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self), host, port, ssl=self._ssl, start_serving=False, reuse_address=True,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if self._ssl else None,
         )
         return self._server.sockets[0].getsockname()[1]
 

@@ -13,7 +13,12 @@ and keep any number of silent connections open. Installed once per process (``in
 - reading stops once a whole message's worth is buffered, and the buffer is a bytearray that is
   consumed in place;
 - ``expire_silent`` (on the tick thread) closes the connections that have not identified themselves
-  (no key exchange, or no node name yet) within the connection timeout.
+  (no key exchange, or no node name yet) within the connection timeout;
+- at most UNIDENTIFIED_LIMIT such connections are held at once: a new one beyond it takes the place
+  of the one silent longest, so that a stranger opening connections as fast as it can neither
+  exhausts the process's file descriptors nor keeps a peer that identifies itself at once out;
+- the listening socket's backlog is ACCEPT_BACKLOG, not pysyncobj's 5: a burst of a stranger's
+  connects would otherwise fill it, and a peer's connect be dropped and retried seconds later.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ from typing import Any
 
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.tcp_server import TcpServer
+from pysyncobj.transport import TCPTransport
 
 log = logging.getLogger(__name__)
 
 FIRST_MESSAGE_LIMIT = 4 << 10
 MESSAGE_LIMIT = 64 << 20
+UNIDENTIFIED_LIMIT = 64
+ACCEPT_BACKLOG = 128
 _LENGTH = struct.Struct("i")  # pysyncobj's: native byte order
 
 
@@ -99,9 +108,29 @@ def _buffer(connection: Any) -> bytearray:
     return buffer
 
 
+_accept = TCPTransport._onNewIncomingConnection
+_bind = TcpServer.bind
+
+
+def _bind_with_backlog(server: Any) -> None:
+    _bind(server)
+    server._TcpServer__socket.listen(ACCEPT_BACKLOG)
+
+
+def _on_new_incoming_connection(transport: Any, connection: Any) -> None:
+    unidentified = [c for c in transport._unknownConnections if c.state != CONNECTION_STATE.DISCONNECTED]
+    if len(unidentified) >= UNIDENTIFIED_LIMIT:
+        silent_longest = min(unidentified, key=lambda c: c._TcpConnection__lastReadTime)
+        silent_longest.disconnect()
+        transport._unknownConnections.discard(silent_longest)
+    _accept(transport, connection)
+
+
 def install() -> None:
     TcpConnection._TcpConnection__processRead = _process_read
     TcpConnection._TcpConnection__processParseMessage = _process_parse_message
+    TCPTransport._onNewIncomingConnection = _on_new_incoming_connection
+    TcpServer.bind = _bind_with_backlog
 
 
 def expire_silent(transport: Any, timeout: float) -> None:
