@@ -2,21 +2,26 @@
 
 The Raft leader alone knows each voter's match index, so Status is answered from
 its view, fetched over NATS when another node is asked. Partition state is spread
-over the replicas: Partitions asks every broker for its local log ends at once and
-merges the answers with the metadata (unless only the metadata is asked for).
+over the replicas: Partitions asks every broker for its local logs' extent at once and
+merges the answers with the metadata (unless only the metadata is asked for), and adds each stream's
+settings as this node runs it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
-from bascule.api.ports import Cluster, ClusterQueries
+from bascule.api.ports import Cluster, ClusterQueries, ReplicaStates
+from bascule.metadata.state import Partition, Stream
+from bascule.partition.encryption import stream_encrypted
 from bascule.wire.pb import admin_pb2
-from bascule.wire.settings import effective_settings
+from bascule.wire.settings import EffectiveSettings, effective_settings
 
 log = logging.getLogger(__name__)
 
 GATHER_TIMEOUT = 1.0
+UNKNOWN_STATE = (-1, -1, -1, -1, -1)  # a replica that did not answer
 
 
 class Admin:
@@ -44,34 +49,66 @@ class Admin:
         return response
 
     async def Partitions(self, request, context):
-        reports = {} if request.metadataOnly else await self.queries.gather_replica_reports(GATHER_TIMEOUT)
-        partitions = [
-            (
-                p.stream, p.id, p.leader, list(p.replicas), list(p.isr), p.epoch, p.leader_epoch, p.paused, p.readonly,
-                effective_settings(st.name, st.settings, self.cluster.stream_defaults).compacted, list(p.unclean),
-            )
-            for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream
-            for p in st.partitions.values()
-        ]
+        states = {} if request.metadataOnly else await self.queries.gather_replica_states(GATHER_TIMEOUT)
+        streams = sorted(
+            (st for st in self.cluster.state.streams.values() if not request.stream or st.name == request.stream),
+            key=lambda st: st.name,
+        )
         response = admin_pb2.PartitionsResponse()
-        for stream, pid, leader, replicas, isr, epoch, leader_epoch, paused, readonly, compact, unclean in sorted(
-            partitions
-        ):
-            key = f"{stream}/{pid}"
-            leader_end, leader_hw, _ = reports.get(leader, {}).get(key, (-1, -1, -1))
-            status = response.partitions.add(
-                stream=stream, partition=pid, leader=leader, replicas=replicas, isr=isr,
-                highWatermark=leader_hw, partitionEpoch=epoch, leaderEpoch=leader_epoch,
-                paused=paused, readonly=readonly, compacted=compact, unclean=unclean,
-            )
-            if request.metadataOnly:
-                continue
-            for replica in replicas:
-                reachable = key in reports.get(replica, {})
-                end, hw, _ = reports.get(replica, {}).get(key, (-1, -1, -1))
-                status.replicaStatus.add(
-                    id=replica, logEndOffset=end, highWatermark=hw, inIsr=replica in isr, reachable=reachable,
-                    lag=max(leader_end - end, 0) if reachable and leader_end >= 0 else -1,
-                )
+        for stream in streams:
+            settings = effective_settings(stream.name, stream.settings, self.cluster.stream_defaults)
+            response.streams.append(_stream_status(stream, settings))
+            for partition in sorted(stream.partitions.values(), key=lambda p: p.id):
+                status = _partition_status(partition, settings.compacted, states.get(partition.leader, {}))
+                if not request.metadataOnly:
+                    _add_replica_statuses(status, partition, states)
+                response.partitions.append(status)
         return response
 
+
+def _stream_status(stream: Stream, settings: EffectiveSettings) -> admin_pb2.StreamStatus:
+    replication_factor = max((len(p.replicas) for p in stream.partitions.values()), default=0)
+    return admin_pb2.StreamStatus(
+        name=stream.name, subject=stream.subject, group=stream.group, replicationFactor=replication_factor,
+        creationTime=stream.created, settings=admin_pb2.StreamSettings(
+            segmentMaxBytes=settings.segment_max_bytes, segmentMaxAge=_ms(settings.segment_max_age),
+            retentionMaxBytes=settings.retention_max_bytes, retentionMaxMessages=settings.retention_max_messages,
+            retentionMaxAge=_ms(settings.retention_max_age), cleanerInterval=_ms(settings.cleaner_interval),
+            compactEnabled=settings.compacted, autoPauseTime=_ms(settings.auto_pause_time),
+            autoPauseDisableIfSubscribers=settings.auto_pause_unless_subscribed, minIsr=settings.min_isr,
+            optimisticConcurrencyControl=settings.concurrency_control,
+            encryption=stream_encrypted(stream.name, stream.settings),
+        ),
+    )
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _partition_status(partition: Partition, compacted: bool, leader_states: ReplicaStates) -> admin_pb2.PartitionStatus:
+    key = f"{partition.stream}/{partition.id}"
+    leader_end, leader_hw, _, oldest, size = leader_states.get(key, UNKNOWN_STATE)
+    return admin_pb2.PartitionStatus(
+        stream=partition.stream, partition=partition.id, leader=partition.leader, replicas=list(partition.replicas),
+        isr=list(partition.isr), highWatermark=leader_hw, partitionEpoch=partition.epoch,
+        leaderEpoch=partition.leader_epoch, paused=partition.paused, readonly=partition.readonly,
+        compacted=compacted, unclean=list(partition.unclean), oldestOffset=oldest,
+        newestOffset=leader_end - 1 if leader_end >= 0 else -1,
+        messages=leader_end - oldest if oldest >= 0 else -1, sizeBytes=size,
+    )
+
+
+def _add_replica_statuses(
+    status: admin_pb2.PartitionStatus, partition: Partition, states: Mapping[str, ReplicaStates]
+) -> None:
+    key = f"{partition.stream}/{partition.id}"
+    leader_end = states.get(partition.leader, {}).get(key, UNKNOWN_STATE)[0]
+    for replica in partition.replicas:
+        reachable = key in states.get(replica, {})
+        end, hw, _, oldest, size = states.get(replica, {}).get(key, UNKNOWN_STATE)
+        status.replicaStatus.add(
+            id=replica, logEndOffset=end, highWatermark=hw, inIsr=replica in partition.isr, reachable=reachable,
+            lag=max(leader_end - end, 0) if reachable and leader_end >= 0 else -1, oldestOffset=oldest,
+            sizeBytes=size,
+        )

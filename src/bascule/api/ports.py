@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from bascule.metadata.state import MetadataState
@@ -14,8 +14,8 @@ from bascule.wire.entry import Record
 from bascule.wire.pb import api_pb2
 from bascule.wire.settings import StreamDefaults
 
-# "stream/partition" -> (log end offset, HW, epoch of the last entry)
-ReplicaReport = dict[str, tuple[int, int, int]]
+# "stream/partition" -> (log end offset, HW, epoch of the last entry, oldest offset, bytes of its log files)
+ReplicaStates = Mapping[str, tuple[int, int, int, int, int]]
 
 
 class LedPartition(Protocol):
@@ -105,6 +105,4 @@ class Publishing(Protocol):
 class ClusterQueries(Protocol):
     async def raft_quorum(self) -> dict[str, Any]: ...
 
-    async def gather_replica_reports(
-        self, timeout: float, expected: set[str] | None = None
-    ) -> dict[str, ReplicaReport]: ...
+    async def gather_replica_states(self, timeout: float) -> Mapping[str, ReplicaStates]: ...

@@ -332,6 +332,11 @@ class CommitLog:
         return self.next_offset - 1
 
     @property
+    def size_bytes(self) -> int:
+        """Bytes of entries in the segments' log files (their indexes left out)."""
+        return sum(segment.size for segment in self._segments)
+
+    @property
     def epochs(self) -> EpochHistory:
         """The leader-epoch history; any change to it is checkpointed at once."""
         return self._epochs

@@ -31,6 +31,9 @@ class PartitionLog(Protocol):
     def newest_offset(self) -> int: ...
 
     @property
+    def size_bytes(self) -> int: ...
+
+    @property
     def high_watermark(self) -> int: ...
 
     @high_watermark.setter

@@ -57,7 +57,8 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Partitions(self, request, context):
-        """Partitions with leader, replicas, ISR, epochs, HW, and each replica's log end and lag.
+        """Partitions with leader, replicas, ISR, epochs, HW, the leader's log (oldest and newest offset, messages,
+        bytes), each replica's log end and lag, and their streams' settings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
