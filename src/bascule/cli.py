@@ -1,157 +1,367 @@
 """The ``bascule`` command: the server, and Liftbridge-style admin commands.
 
-Admin commands print tables for people and JSON with ``--json``; a failure is one
-line on stderr and a non-zero exit status.
+Admin commands print tables for people and JSON with ``--json`` (camelCase keys, as Liftbridge's JSON
+has them; bytes in base64); a failure is one line on stderr and an exit status that says what failed
+(EXIT_STATUS below).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import dataclasses
 import json
+import os
+import socket
 import sys
-from dataclasses import asdict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
+import grpc
+
 from bascule.client import ACK_POLICIES, START_POSITIONS, BasculeError, Client, ClientTls
+from bascule.wire.pb import admin_pb2, admin_pb2_grpc
 
-EXIT_ERROR = 1
+EXIT_ERROR = 1  # the server refused or failed the request, or did not answer in time
+EXIT_USAGE = 2  # argparse's own status for bad flags
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+ADDRESS_ENV = "BASCULE_ADDRESS"
+DEFAULT_ADDRESS = "127.0.0.1:9292"
+
+EPILOG = f"""\
+addresses:
+  -a/--address HOST:PORT, before or after the command, repeatable or comma-separated; else
+  ${ADDRESS_ENV} (comma-separated); else {DEFAULT_ADDRESS}. The first address that accepts a
+  connection within --connect-timeout is asked.
+
+flags that mean the same in every command:
+  -s/--stream NAME, -p/--partition ID, -o/--offset OFFSET, -n/--count N (messages), -c/--cursor ID,
+  -k/--key, -m/--message, -H/--header, -g/--group, -r/--replication-factor.
+  `bascule server` takes Liftbridge's server flags instead (there -n is --nats-servers, -p --port).
+
+exit status:
+  {0} done
+  {EXIT_ERROR} the server refused or failed the request, or gave no answer within --timeout
+  {EXIT_USAGE} usage error: a bad flag, address, offset or other argument
+  {EXIT_UNREACHABLE} no server reachable at any address
+  {EXIT_INTERRUPTED} interrupted (Ctrl-C)
+"""
 
 
-def _address(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-a", "--address", default="127.0.0.1:9292", help="server address host:port")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
-    parser.add_argument("--tls-ca", metavar="FILE", help="TLS: the CA that signed the server's certificate")
-    parser.add_argument("--tls-cert", metavar="FILE", help="TLS: this client's certificate (mutual TLS)")
-    parser.add_argument("--tls-key", metavar="FILE", help="TLS: the key of --tls-cert")
+class Unreachable(Exception):
+    """No address accepted a connection."""
+
+
+# --- argument types: each refuses a bad value with a usage error that says why ---
+
+
+def _addresses(value: str) -> list[str]:
+    addresses = [item.strip() for item in value.split(",") if item.strip()]
+    if not addresses:
+        raise argparse.ArgumentTypeError("no address given")
+    for address in addresses:
+        _host_and_port(address)
+    return addresses
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:9292
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{address!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _non_negative(value: str) -> int:
+    number = _integer(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is negative")
+    return number
+
+
+def _positive(value: str) -> int:
+    number = _integer(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not at least 1")
+    return number
+
+
+def _integer(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return seconds
+
+
+def _header(value: str) -> tuple[str, bytes]:
+    name, sep, header_value = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=VALUE")
+    return name, header_value.encode()
+
+
+# --- the parser ---
+
+
+def _connection_options(parser: argparse.ArgumentParser, per_command: bool) -> None:
+    """The options every admin command takes, before the command (global) or after it. After it, a
+    flag not given keeps the global value (SUPPRESS), and addresses add to the global ones."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if per_command else value
+
+    parser.add_argument("-a", "--address", dest="command_addresses" if per_command else "addresses",
+                        type=_addresses, action="extend", default=default([]), metavar="HOST:PORT[,...]",
+                        help=f"server addresses (repeatable; default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})")
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print JSON (camelCase keys, bytes in base64) instead of a table")
+    parser.add_argument("--timeout", type=_seconds, default=default(10.0), metavar="SECONDS",
+                        help="seconds to wait for a reply (default 10)")
+    parser.add_argument("--connect-timeout", type=_seconds, default=default(1.0), metavar="SECONDS",
+                        help="seconds to wait for each address to accept a connection (default 1)")
+    parser.add_argument("--tls-ca", metavar="FILE", default=default(None),
+                        help="TLS: the CA that signed the server's certificate")
+    parser.add_argument("--tls-cert", metavar="FILE", default=default(None),
+                        help="TLS: this client's certificate (mutual TLS)")
+    parser.add_argument("--tls-key", metavar="FILE", default=default(None), help="TLS: the key of --tls-cert")
 
 
 def _stream(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--stream", required=True, help="stream name")
 
 
+def _partition(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-p", "--partition", type=_non_negative, default=0, help="partition (default 0)")
+
+
 def _target_partitions(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-p", "--partitions", type=int, action="append", default=[],
-                        help="target partition (repeatable; default all)")
+    parser.add_argument("-p", "--partition", "--partitions", dest="partitions", type=_non_negative,
+                        action="append", default=[], help="target partition (repeatable; default all)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from bascule.config import add_server_arguments
 
-    parser = argparse.ArgumentParser(prog="bascule", description="Durable, replicated streams on NATS")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="bascule", description="Durable, replicated streams on NATS", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"bascule {version('bascule')}")
+    _connection_options(parser, per_command=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     server = commands.add_parser("server", help="run a bascule server")
     add_server_arguments(server)
 
-    create = commands.add_parser("create", help="create a stream")
-    _address(create)
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, epilog=EPILOG,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        _connection_options(sub, per_command=True)
+        sub.set_defaults(command_parser=sub)  # for usage errors that only a whole command line shows
+        return sub
+
+    create = command("create", "create a stream")
     _stream(create)
     create.add_argument("--subject", help="NATS subject (default: the stream name)")
     create.add_argument("-g", "--group", default="", help="NATS queue group")
-    create.add_argument("-n", "--partitions", type=int, default=1, help="number of partitions")
+    create.add_argument("--partitions", type=_positive, default=1, help="number of partitions (default 1)")
     create.add_argument("-r", "--replication-factor", type=int, default=1, help="replicas (-1: all brokers)")
-    create.add_argument("--min-isr", type=int, help="minimum in-sync replicas")
-    create.add_argument("--retention-max-bytes", type=int)
-    create.add_argument("--retention-max-messages", type=int)
+    create.add_argument("--min-isr", type=_non_negative, help="minimum in-sync replicas")
+    create.add_argument("--retention-max-bytes", type=_non_negative)
+    create.add_argument("--retention-max-messages", type=_non_negative)
     create.add_argument("--retention-max-age", type=float, help="seconds")
     create.add_argument("--compact", dest="compact_enabled", action="store_true", default=None,
                         help="compact by key (compactEnabled)")
     create.add_argument("--encryption", action="store_true", default=None,
                         help="encrypt values at rest (every node needs LIFTBRIDGE_ENCRYPTION_KEY)")
 
-    delete = commands.add_parser("delete", help="delete a stream")
-    _address(delete)
+    delete = command("delete", "delete a stream")
     _stream(delete)
 
-    publish = commands.add_parser("publish", help="publish messages to a stream")
-    _address(publish)
+    publish = command("publish", "publish messages to a stream partition")
     _stream(publish)
+    _partition(publish)
     publish.add_argument("-m", "--message", action="append", required=True, help="message value (repeatable)")
     publish.add_argument("-k", "--key", help="message key")
-    publish.add_argument("-H", "--header", action="append", default=[], help="header NAME=VALUE (repeatable)")
-    publish.add_argument("--partition", type=int, default=0)
+    publish.add_argument("-H", "--header", type=_header, action="append", default=[],
+                         help="header NAME=VALUE (repeatable)")
     publish.add_argument("--ack-policy", choices=sorted(ACK_POLICIES), default="leader")
 
-    subscribe = commands.add_parser("subscribe", help="read messages from a stream partition")
-    _address(subscribe)
+    subscribe = command("subscribe", "read messages from a stream partition")
     _stream(subscribe)
-    subscribe.add_argument("--partition", type=int, default=0)
-    subscribe.add_argument("--start", choices=sorted(START_POSITIONS), default="earliest")
-    subscribe.add_argument("-o", "--offset", type=int, help="start at this offset")
-    subscribe.add_argument("--timestamp", type=int, help="start at this time (ns since epoch)")
-    subscribe.add_argument("-n", "--count", type=int, help="exit after this many messages")
+    _partition(subscribe)
+    subscribe.add_argument("--start", choices=sorted(START_POSITIONS),
+                           help="where to start (default earliest; offset with -o, timestamp with --timestamp)")
+    subscribe.add_argument("-o", "--offset", type=_non_negative, help="start at this offset")
+    subscribe.add_argument("--timestamp", type=_non_negative, help="start at this time (ns since the epoch)")
+    subscribe.add_argument("-n", "--count", type=_non_negative, help="exit after this many messages")
     subscribe.add_argument("--stop-latest", action="store_true", help="exit after the newest message")
-    subscribe.add_argument("--read-isr-replica", action="store_true")
+    subscribe.add_argument("--read-isr-replica", action="store_true", help="read from any ISR replica")
     subscribe.add_argument("--reverse", action="store_true", help="newest first, back to the oldest message")
 
-    metadata = commands.add_parser("metadata", help="brokers and streams")
-    _address(metadata)
+    metadata = command("metadata", "brokers and streams")
     metadata.add_argument("streams", nargs="*", help="streams to show (default all)")
 
-    partition_metadata = commands.add_parser("partition-metadata", help="one partition, from its leader")
-    _address(partition_metadata)
-    _stream(partition_metadata)
-    partition_metadata.add_argument("--partition", type=int, default=0)
+    stream_info = command("stream-info", "a stream's settings and each partition's log: messages, bytes, "
+                                         "oldest and newest offset, HW, leader, replicas, ISR")
+    stream_info.add_argument("stream", help="stream name")
 
-    pause = commands.add_parser("pause", help="pause a stream's partitions")
-    _address(pause)
+    partition_metadata = command("partition-metadata", "one partition, from its leader")
+    _stream(partition_metadata)
+    _partition(partition_metadata)
+
+    pause = command("pause", "pause a stream's partitions")
     _stream(pause)
     _target_partitions(pause)
-    pause.add_argument("-r", "--resume-all", action="store_true",
-                       help="resume all partitions when one is published to")
+    pause.add_argument("--resume-all", action="store_true", help="resume all partitions when one is published to")
 
-    readonly = commands.add_parser("set-readonly", help="make partitions readonly (or writable)")
-    _address(readonly)
+    readonly = command("set-readonly", "make partitions readonly (or writable)")
     _stream(readonly)
     _target_partitions(readonly)
     readonly.add_argument("--writable", action="store_true", help="clear the readonly flag instead")
 
-    set_cursor = commands.add_parser("set-cursor", help="store a consumer cursor")
-    _address(set_cursor)
+    set_cursor = command("set-cursor", "store a consumer cursor")
     _stream(set_cursor)
-    set_cursor.add_argument("--partition", type=int, default=0)
+    _partition(set_cursor)
     set_cursor.add_argument("-c", "--cursor", required=True, help="cursor id")
-    set_cursor.add_argument("-o", "--offset", type=int, required=True)
+    set_cursor.add_argument("-o", "--offset", type=_non_negative, required=True)
 
-    fetch_cursor = commands.add_parser("fetch-cursor", help="read a consumer cursor (-1 if unknown)")
-    _address(fetch_cursor)
+    fetch_cursor = command("fetch-cursor", "read a consumer cursor (-1 if unknown)")
     _stream(fetch_cursor)
-    fetch_cursor.add_argument("--partition", type=int, default=0)
+    _partition(fetch_cursor)
     fetch_cursor.add_argument("-c", "--cursor", required=True, help="cursor id")
-    status = commands.add_parser("status", help="the metadata Raft group: leader, term, voters' lag")
-    _address(status)
 
-    partitions = commands.add_parser("partitions", help="leader, ISR, HW, log end and lag of each replica")
-    _address(partitions)
+    command("status", "the metadata Raft group: leader, term, voters' lag")
+
+    partitions = command("partitions", "leader, ISR, HW, log end and lag of each replica")
     partitions.add_argument("stream", nargs="?", default="", help="one stream (default all)")
     return parser
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What argparse cannot check alone: a usage error (``error`` exits with EXIT_USAGE)."""
+    error = args.command_parser.error
+    args.addresses = args.addresses + getattr(args, "command_addresses", [])
+    if not args.addresses:
+        try:
+            args.addresses = _addresses(os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS)
+        except argparse.ArgumentTypeError as exc:
+            error(f"${ADDRESS_ENV}: {exc}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        error("--tls-cert and --tls-key go together")
+    try:
+        args.tls = _tls(args)
+    except OSError as exc:
+        error(f"TLS: {exc}")
+    if args.command == "subscribe":
+        problem = _start_problem(args)
+        if problem:
+            error(problem)
+
+
+def _start_problem(args: argparse.Namespace) -> str | None:
+    implied = "offset" if args.offset is not None else "timestamp" if args.timestamp is not None else None
+    if args.offset is not None and args.timestamp is not None:
+        return "-o/--offset and --timestamp are two start positions: give one"
+    if args.start == "offset" and args.offset is None:
+        return "--start offset needs -o/--offset OFFSET"
+    if args.start == "timestamp" and args.timestamp is None:
+        return "--start timestamp needs --timestamp NS"
+    if implied and args.start not in (None, implied):
+        return f"--start {args.start} contradicts {'-o/--offset' if implied == 'offset' else '--timestamp'}"
+    args.start = args.start or implied or "earliest"
+    return None
+
+
+# --- output ---
+
+
 def _print(args: argparse.Namespace, data: Any, table: list[list[Any]] | None = None) -> None:
     if args.json:
-        print(json.dumps(data, default=_jsonable))
+        print(json.dumps(_json_ready(data)), flush=True)
     elif table:
         widths = [max(len(str(row[i])) for row in table) for i in range(len(table[0]))]
         for row in table:
             print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-    elif data is not None:
-        print(data)
 
 
-def _jsonable(value: Any) -> Any:
+def _json_ready(value: Any) -> Any:
+    """``value`` with the client's dataclasses as objects whose keys are camelCase and bytes as base64.
+    Mapping keys are data (stream names, broker ids, header names) and stay as they are."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {_camel(f.name): _json_ready(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return asdict(value)
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item) for item in value]
+    return value
 
 
-async def _admin(args: argparse.Namespace) -> None:
-    tls = None
-    if args.tls_ca or args.tls_cert or args.tls_key:
-        tls = ClientTls.from_files(args.tls_ca, args.tls_cert, args.tls_key)
-    async with Client(args.address, timeout=args.timeout, tls=tls) as client:
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def _text(data: bytes) -> str:
+    return data.decode(errors="backslashreplace")
+
+
+# --- running a command ---
+
+
+async def _run_admin(args: argparse.Namespace) -> None:
+    args.address = await _first_reachable(args.addresses, args.connect_timeout)
+    async with Client(args.address, timeout=args.timeout, tls=args.tls) as client:
         await ADMIN_COMMANDS[args.command](client, args)
+
+
+async def _first_reachable(addresses: Sequence[str], timeout: float) -> str:
+    """The first address that accepts a TCP connection: a wrong address fails in about a second
+    instead of in the client's retries of UNAVAILABLE for the whole --timeout."""
+    problems = []
+    for address in addresses:
+        host, port = _host_and_port(address)
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except TimeoutError:
+            problems.append(f"{address}: no connection within {timeout:g} s")
+        except OSError as exc:
+            problems.append(f"{address}: {_connect_failure(exc)}")
+        else:
+            writer.close()
+            return address
+    raise Unreachable(f"cannot reach a bascule server at {'; '.join(problems)}")
+
+
+def _connect_failure(error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return "unknown host"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    return (error.strerror or str(error)).lower()
+
+
+def _tls(args: argparse.Namespace) -> ClientTls | None:
+    if not (args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    return ClientTls.from_files(args.tls_ca, args.tls_cert, args.tls_key)
 
 
 async def _create(client: Client, args: argparse.Namespace) -> None:
@@ -164,7 +374,7 @@ async def _create(client: Client, args: argparse.Namespace) -> None:
         args.stream, args.subject, group=args.group, partitions=args.partitions,
         replication_factor=args.replication_factor, **settings,
     )
-    _print(args, {"created": args.stream}, None if args.json else [[f"created stream {args.stream}"]])
+    _print(args, {"created": args.stream}, [[f"created stream {args.stream}"]])
 
 
 async def _delete(client: Client, args: argparse.Namespace) -> None:
@@ -173,16 +383,10 @@ async def _delete(client: Client, args: argparse.Namespace) -> None:
 
 
 async def _publish(client: Client, args: argparse.Namespace) -> None:
-    headers = {}
-    for header in args.header:
-        name, sep, value = header.partition("=")
-        if not sep:
-            raise ValueError(f"header {header!r} is not NAME=VALUE")
-        headers[name] = value.encode()
     acks = []
     for value in args.message:
         ack = await client.publish(
-            args.stream, value.encode(), key=args.key.encode() if args.key else None, headers=headers,
+            args.stream, value.encode(), key=args.key.encode() if args.key else None, headers=dict(args.header),
             partition=args.partition, ack_policy=args.ack_policy,
         )
         acks.append({"stream": args.stream, "partition": args.partition, "offset": ack.offset if ack else None})
@@ -198,15 +402,10 @@ async def _subscribe(client: Client, args: argparse.Namespace) -> None:
         stop_latest=args.stop_latest, read_isr_replica=args.read_isr_replica, reverse=args.reverse,
     ):
         if args.json:
-            print(json.dumps({
-                "offset": message.offset, "timestamp": message.timestamp, "subject": message.subject,
-                "key": message.key.decode(errors="replace") if message.key else None,
-                "value": message.value.decode(errors="replace"),
-                "headers": {k: v.decode(errors="replace") for k, v in message.headers.items()},
-            }), flush=True)
+            print(json.dumps(_json_ready(message)), flush=True)
         else:
-            key = f" key={message.key.decode(errors='replace')}" if message.key else ""
-            print(f"{message.offset}{key} {message.value.decode(errors='replace')}", flush=True)
+            key = f" key={_text(message.key)}" if message.key else ""
+            print(f"{message.offset}{key} {_text(message.value)}", flush=True)
         received += 1
         if args.count is not None and received >= args.count:
             return
@@ -219,12 +418,64 @@ async def _metadata(client: Client, args: argparse.Namespace) -> None:
         if not stream.exists:
             rows.append([stream.name, "-", "-", "-", "-", "-", "-", "-", "unknown stream"])
         for p in stream.partitions.values():
-            flags = ",".join(f for f, on in (("paused", p.paused), ("readonly", p.readonly)) if on)
             rows.append([stream.name, stream.subject, p.id, p.leader, ",".join(p.replicas), ",".join(p.isr),
-                         p.high_watermark, p.newest_offset, flags or "-"])
+                         p.high_watermark, p.newest_offset, _flags(p.paused, p.readonly)])
     if not args.json:
         print("brokers: " + ", ".join(f"{b} ({addr})" for b, addr in sorted(metadata.brokers.items())))
     _print(args, metadata, rows)
+
+
+def _flags(paused: bool, readonly: bool) -> str:
+    return ",".join(f for f, on in (("paused", paused), ("readonly", readonly)) if on) or "-"
+
+
+async def _stream_info(client: Client, args: argparse.Namespace) -> None:
+    response = await _admin_partitions(client, args)
+    streams = [s for s in response.streams if s.name == args.stream]
+    if not streams:
+        raise BasculeError(grpc.StatusCode.NOT_FOUND, f"no such stream: {args.stream}")
+    stream = _proto_dict(streams[0])
+    stream["partitions"] = [_proto_dict(p) for p in response.partitions if p.stream == args.stream]
+    if args.json:
+        _print(args, stream)
+        return
+    created = datetime.fromtimestamp(stream["creationTime"] / 1e9, UTC).isoformat(timespec="seconds")
+    print(f"stream {stream['name']}  subject {stream['subject']}  group {stream['group'] or '-'}  "
+          f"replication factor {stream['replicationFactor']}  created {created}")
+    print("settings: " + "  ".join(f"{key}={value}" for key, value in stream["settings"].items()))
+    rows = [["PARTITION", "LEADER", "REPLICAS", "ISR", "MESSAGES", "BYTES", "OLDEST", "NEWEST", "HW", "FLAGS"]]
+    for p in stream["partitions"]:
+        known = p["oldestOffset"] >= 0
+        rows.append([p["partition"], p["leader"], ",".join(p["replicas"]), ",".join(p["isr"]),
+                     *((p["messages"], p["sizeBytes"], p["oldestOffset"], p["newestOffset"]) if known else ["?"] * 4),
+                     p["highWatermark"] if known else "?", _flags(p["paused"], p["readonly"])])
+    _print(args, None, rows)
+
+
+async def _admin_partitions(client: Client, args: argparse.Namespace) -> admin_pb2.PartitionsResponse:
+    """The admin Partitions call itself, for the streams' settings that `Client.partitions` leaves out."""
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    async with (grpc.aio.insecure_channel(args.address, options=options) if args.tls is None
+                else grpc.aio.secure_channel(args.address, args.tls.credentials(), options=options)) as channel:
+        request = admin_pb2.PartitionsRequest(stream=args.stream)
+        try:
+            return await admin_pb2_grpc.AdminStub(channel).Partitions(request, timeout=args.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise BasculeError(exc.code(), exc.details() or "") from None
+
+
+def _proto_dict(message: Any) -> dict:
+    """Every field under its proto name, integers kept as integers (protobuf's JSON mapping makes int64
+    strings)."""
+    result: dict[str, Any] = {}
+    for descriptor in message.DESCRIPTOR.fields:
+        value = getattr(message, descriptor.name)
+        if descriptor.message_type is not None:
+            value = [_proto_dict(v) for v in value] if descriptor.is_repeated else _proto_dict(value)
+        elif descriptor.is_repeated:
+            value = list(value)
+        result[descriptor.name] = value
+    return result
 
 
 async def _partition_metadata(client: Client, args: argparse.Namespace) -> None:
@@ -298,6 +549,7 @@ ADMIN_COMMANDS = {
     "publish": _publish,
     "subscribe": _subscribe,
     "metadata": _metadata,
+    "stream-info": _stream_info,
     "partition-metadata": _partition_metadata,
     "pause": _pause,
     "set-readonly": _set_readonly,
@@ -312,21 +564,27 @@ def main(argv: list[str] | None = None) -> int:
         from bascule.config.loading import go_style_flags
 
         argv = ["server", *go_style_flags(argv[1:])]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "server":
+        _check_arguments(args)
     try:
         if args.command == "server":
             from bascule.server import run_from_args
 
             return run_from_args(args)
-        asyncio.run(_admin(args))
+        asyncio.run(_run_admin(args))
     except BasculeError as exc:
         print(f"bascule {args.command}: {exc.code.name.lower().replace('_', ' ')}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
+    except Unreachable as exc:
+        print(f"bascule {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except (ValueError, OSError) as exc:
         print(f"bascule {args.command}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return 0
 
 

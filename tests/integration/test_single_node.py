@@ -1,6 +1,7 @@
 """One in-process node with embedded NATS, driven by gufo-liftbridge, nats-py and bascule's client."""
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -398,7 +399,8 @@ async def test_reverse_subscribe_reads_newest_to_oldest_as_liftbridge(tmp_path):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(done.communicate(), 30)
         assert done.returncode == 0, err
-        assert [json.loads(line)["value"] for line in out.decode().splitlines()] == ["m3", "m2", "m1", "m0"]
+        values = [base64.b64decode(json.loads(line)["value"]) for line in out.decode().splitlines()]
+        assert values == [b"m3", b"m2", b"m1", b"m0"]
 
 
 async def test_the_cli_creates_compacted_streams_and_refuses_encryption_without_a_key(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import difflib
 import os
 from collections import defaultdict
 from collections.abc import Mapping
+from importlib.metadata import version
 from typing import Any
 
 import yaml
@@ -233,6 +234,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Liftbridge's server flags, plus --raft-listen and --metrics-port. Flags not given stay None (see
     overrides_from_args)."""
     add = parser.add_argument
+    add("--version", action="version", version=f"bascule {version('bascule')}")
     add("-c", "--config", metavar="FILE", help="load configuration from FILE")
     add("--id", "--server-id", dest="server_id", help="ID of the server in the cluster (default: stored or random)")
     add("--ns", "--namespace", dest="namespace", help=f"cluster namespace (default: {DEFAULT_NAMESPACE})")
