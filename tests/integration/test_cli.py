@@ -15,6 +15,7 @@ import pytest
 from conftest import running_node
 
 from bascule.client import Client
+from bascule.testing.local import LocalCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -78,6 +79,22 @@ async def test_stream_info_shows_each_partitions_log_and_the_streams_settings(tm
         assert "retentionMaxMessages=1000" in out and "MESSAGES" in out and "OLDEST" in out
         code, _, err = await bascule("stream-info", "nothing", "-a", address)
         assert code == 1 and "no such stream: nothing" in err
+
+
+@pytest.mark.cluster
+async def test_stream_info_on_a_cluster_shows_every_replica_and_the_same_log_on_each():
+    with LocalCluster(3, config={"clustering.raft.password": "s3cret"}) as cluster:
+        async with Client(cluster.brokers[0]) as client:
+            await client.create_stream("replicated", "replicated", replication_factor=3, partitions=2)
+            await client.publish_many("replicated", [b"x"] * 20, ack_policy="all")
+        info = await bascule_json("stream-info", "replicated", env_address=",".join(cluster.brokers[1:]))
+        assert info["replicationFactor"] == 3
+        first = info["partitions"][0]
+        assert sorted(first["replicas"]) == sorted(first["isr"]) == sorted(cluster.server_ids)
+        extent = (first["messages"], first["oldestOffset"], first["newestOffset"], first["highWatermark"])
+        assert extent == (20, 0, 19, 19)
+        statuses = (await bascule_json("partitions", "replicated", "-a", cluster.brokers[2]))[0]["replicaStatus"]
+        assert [(r["oldestOffset"], r["sizeBytes"]) for r in statuses] == [(0, first["sizeBytes"])] * 3
 
 
 async def test_json_has_camel_case_keys_and_base64_bytes_in_every_command(tmp_path):
