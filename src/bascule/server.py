@@ -12,6 +12,8 @@ import logging
 import resource
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import casbin
 
@@ -76,7 +78,9 @@ async def _serve(
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
         port = await server.bind(config.listen_host, config.port)
-        await node.start(port)
+        if not await _started_unless_stopped(node.start(port), stop):
+            log.info("stopped while starting")
+            return
         metrics = await _start_metrics(config.metrics, node, grpc_calls)
         if metrics is not None and metrics_servers is not None:
             metrics_servers.append(metrics)
@@ -97,6 +101,24 @@ async def _serve(
             await metrics.stop()
         await server.stop(grace=SHUTDOWN_GRACE)
         await node.stop()
+
+
+async def _started_unless_stopped(starting: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Whether ``starting`` completed before ``stop`` was set (SIGTERM while the node waits for NATS
+    or a join); if not, it is cancelled."""
+    start = asyncio.ensure_future(starting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not start.done():
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        return False
+    start.result()
+    return True
 
 
 async def _start_metrics(config: MetricsConfig, node: Node, grpc_calls: GrpcCalls | None) -> MetricsServer | None:

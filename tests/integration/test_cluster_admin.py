@@ -4,6 +4,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,8 +55,9 @@ async def test_nodes_join_a_seed_over_nats_and_rejoin_after_restart(tmp_path):
                          env=SHARED_SECRET)
         joiners = [LocalNode(tmp_path / f"j{i}", server_id=f"j{i}", nats_servers=nats_server.url, env=SHARED_SECRET)
                    for i in range(2)]
-        # Without the cluster's secret, a node's join request is dropped: it never becomes a voter.
-        stranger = LocalNode(tmp_path / "stranger", server_id="stranger", nats_servers=nats_server.url)
+        # With another secret than the cluster's, a node's join request is dropped: it never becomes a voter.
+        stranger = LocalNode(tmp_path / "stranger", server_id="stranger", nats_servers=nats_server.url,
+                             env={"BASCULE_RAFT_PASSWORD": "not the cluster's"})
         nodes = [seed, *joiners, stranger]
         try:
             seed.start()
@@ -153,3 +155,43 @@ async def test_a_rogue_nats_responder_does_not_block_metadata_changes_through_a_
             assert answered > 0
         finally:
             await rogue.close()
+
+
+def test_a_node_that_must_join_without_a_secret_to_share_exits_at_once_naming_the_fix(tmp_path):
+    """A Liftbridge configuration (no password) for a node that is no seed: it could never join, so it
+    says why at start instead of waiting for a join that never comes."""
+    nats_server = LocalNatsServer(tmp_path / "nats.log")
+    nats_server.start()
+    joiner = LocalNode(tmp_path / "joiner", nats_servers=nats_server.url)
+    try:
+        joiner.start(wait=False)
+        deadline = time.monotonic() + 15
+        while joiner.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert joiner.returncode not in (None, 0)
+        log = joiner.log_tail(20)
+        assert "clustering.raft.password: empty" in log and "BASCULE_RAFT_PASSWORD" in log, log
+        assert "clustering.raft.insecure: true" in log
+    finally:
+        joiner.kill()
+        nats_server.kill()
+
+
+def test_nodes_with_the_insecure_development_secret_form_a_cluster_on_one_machine(tmp_path):
+    nats_server = LocalNatsServer(tmp_path / "nats.log")
+    nats_server.start()
+    insecure = {"clustering.raft.insecure": True}
+    seed = LocalNode(tmp_path / "seed", server_id="seed", nats_servers=nats_server.url, raft_bootstrap_seed=True,
+                     config=insecure)
+    joiner = LocalNode(tmp_path / "joiner", server_id="joiner", nats_servers=nats_server.url, config=insecure)
+    try:
+        seed.start()
+        joiner.start()
+        for node in (seed, joiner):
+            node.wait_ready(brokers=["seed", "joiner"])
+        status = cli("status", "-a", joiner.address)
+        assert len(status["voters"]) == 2
+    finally:
+        for node in (seed, joiner):
+            node.kill()
+        nats_server.kill()

@@ -213,6 +213,7 @@ def test_lists_take_yaml_lists_or_comma_separated_strings(write_config):
     config = load_text(write_config, """
         nats.servers: nats://127.0.0.1:4300, nats://127.0.0.1:4301
         clustering.raft.bootstrap.peers: [127.0.0.1:5001, 127.0.0.1:5002]
+        clustering.raft.password: shared
     """)
     assert config.nats.servers == ("nats://127.0.0.1:4300", "nats://127.0.0.1:4301")
     assert config.clustering.raft_bootstrap_peers == ("127.0.0.1:5001", "127.0.0.1:5002")
@@ -702,3 +703,35 @@ def test_grpc_limits_default_to_the_documented_bounds_and_are_set_by_their_keys(
 def test_a_bad_grpc_limit_names_its_key(key, value):
     with pytest.raises(ConfigError, match=f"^{re.escape(key)}: expected"):
         load_config(None, {key: value})
+
+
+# ---- a secret the nodes of a cluster share --------------------------------------------------------
+
+
+def test_bootstrap_peers_without_a_password_are_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match=r"^clustering\.raft\.password: empty.*BASCULE_RAFT_PASSWORD.*insecure"):
+        load_config(None, {"clustering.raft.bootstrap.peers": "127.0.0.1:5001,127.0.0.1:5002"})
+    load_config(None, {"clustering.raft.bootstrap.peers": "127.0.0.1:5001", "clustering.raft.bootstrap.seed": True})
+
+
+@pytest.mark.parametrize("joins, settings, problem", [
+    (False, {}, None),  # a lone node: its own random secret is enough
+    (True, {}, "it is no seed, so it joins one; a single node is started with --raft-bootstrap-seed"),
+    (True, {"raft_password": "shared"}, None),
+    (True, {"raft_insecure": True}, None),
+    (False, {"raft_bootstrap_peers": ("127.0.0.1:1", "127.0.0.1:2")}, "it names clustering.raft.bootstrap.peers"),
+    (False, {"raft_insecure": True, "raft_password": "shared"}, "set one or the other"),
+])
+def test_a_node_that_joins_needs_a_shared_secret(joins, settings, problem):
+    from bascule.config.model import ClusteringConfig
+    from bascule.config.values import unshared_secret_error
+
+    found = unshared_secret_error(ClusteringConfig(**settings), joins)
+    assert (found is None) == (problem is None) and (problem is None or problem in found), found
+
+
+def test_the_insecure_secret_is_for_one_machine_only():
+    with pytest.raises(ConfigError, match=r"^clustering\.raft\.insecure: the Raft address 10\.0\.0\.1:9393 is not"):
+        load_config(None, {"clustering.raft.insecure": True, "clustering.raft.listen": "10.0.0.1:9393"})
+    with pytest.raises(ConfigError, match="set one or the other"):
+        load_config(None, {"clustering.raft.insecure": True, "clustering.raft.password": "shared"})

@@ -34,7 +34,15 @@ from bascule.config.model import (
     TlsConfig,
     default_data_dir,
 )
-from bascule.config.values import LOG_LEVELS, SECTIONS, SETTINGS, BadValue, split_list, unauthenticated_raft_error
+from bascule.config.values import (
+    LOG_LEVELS,
+    SECTIONS,
+    SETTINGS,
+    BadValue,
+    split_list,
+    unauthenticated_raft_error,
+    unshared_secret_error,
+)
 from bascule.h2grpc.limits import GrpcLimits
 from bascule.natsio.auth import NatsAuth, NatsAuthError
 
@@ -123,6 +131,9 @@ def _build(values: dict[str, Any]) -> Config:
         raise ConfigError("tls.client.authz.enabled: needs tls.client.auth (the client's identity), "
                           "tls.client.authz.model and tls.client.authz.policy")
     clustering = ClusteringConfig(**fields["clustering"])
+    secret_problem = unshared_secret_error(clustering, joins=False)  # the node checks a join at start
+    if secret_problem:
+        raise ConfigError(secret_problem)
     raft_problem = unauthenticated_raft_error(clustering.raft_listen, clustering.raft_password)
     if raft_problem:
         raise ConfigError(f"clustering.raft.listen, clustering.raft.password: {raft_problem}")

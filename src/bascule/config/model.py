@@ -53,6 +53,7 @@ class NatsConfig:
     servers: tuple[str, ...] = (DEFAULT_NATS_URL,)
     embedded: bool = False
     embedded_config: str = ""
+    connect_timeout: float = 30.0  # how long a starting node tries to reach NATS before it gives up
     auth: NatsAuth = NatsAuth()
 
 
@@ -65,6 +66,9 @@ class ClusteringConfig:
     raft_bootstrap_peers: tuple[str, ...] = ()
     raft_listen: str = "127.0.0.1:0"
     raft_password: str = ""
+    # Development on one machine: a secret every node of the namespace derives alike, instead of a
+    # password (any local process can derive it too, and so join the cluster or run code in it).
+    raft_insecure: bool = False
     min_insync_replicas: int = 1
     replica_max_lag_time: float = 15.0
     replica_max_leader_timeout: float = 15.0

@@ -102,6 +102,32 @@ def unauthenticated_raft_error(address: str, password: str) -> str | None:
     )
 
 
+def unshared_secret_error(clustering: Any, joins: bool) -> str | None:
+    """Why a node configured as ``clustering`` (a ClusteringConfig) could never form its cluster;
+    None when it can. ``joins``: the node has to join a cluster (no seed, no peers, no journal).
+    Nodes talk Raft and sealed NATS under a secret they must share: a node given no password makes
+    a random one of its own, which is enough for a lone node and for nothing else."""
+    if clustering.raft_insecure:
+        if clustering.raft_password:
+            return "clustering.raft.insecure is set with clustering.raft.password: set one or the other"
+        if not is_loopback_host(clustering.raft_listen.rpartition(":")[0]):
+            return (f"clustering.raft.insecure: the Raft address {clustering.raft_listen} is not a loopback "
+                    "address; the insecure shared secret is for development on one machine only")
+        return None
+    if clustering.raft_password or not (joins or len(clustering.raft_bootstrap_peers) > 1):
+        return None
+    if clustering.raft_bootstrap_peers:
+        role = "it names clustering.raft.bootstrap.peers"
+    else:
+        role = "it is no seed, so it joins one; a single node is started with --raft-bootstrap-seed"
+    return (
+        f"clustering.raft.password: empty, and this node is to form a cluster with others ({role}). Nodes "
+        "form a cluster only when every node, the seed included, has the same password: set "
+        "clustering.raft.password (or the BASCULE_RAFT_PASSWORD environment variable) to the same secret on "
+        "every node, or, for development on one machine, clustering.raft.insecure: true on every node"
+    )
+
+
 def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise BadValue("a string")
@@ -303,6 +329,7 @@ SETTINGS: dict[str, Setting] = {
     "nats.servers": Setting(_list_of(_nats_url, "URLs like nats://127.0.0.1:4222")),
     "nats.embedded": Setting(_boolean),
     "nats.embedded.config": Setting(_string, "nats.embedded_config"),
+    "nats.connect.timeout": Setting(_duration, "nats.connect_timeout"),
     # How the node authenticates to NATS (natsio.auth.NatsAuth, built by loading).
     "nats.user": Setting(_string),
     "nats.password": Setting(_string),
@@ -320,6 +347,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     "clustering.raft.listen": Setting(_raft_listen, "clustering.raft_listen"),
     "clustering.raft.password": Setting(_string, "clustering.raft_password"),
+    "clustering.raft.insecure": Setting(_boolean, "clustering.raft_insecure"),
     "clustering.min.insync.replicas": Setting(_integer(1), "clustering.min_insync_replicas"),
     "clustering.replica.max.lag.time": Setting(_duration, "clustering.replica_max_lag_time"),
     "clustering.replica.max.leader.timeout": Setting(_duration, "clustering.replica_max_leader_timeout"),

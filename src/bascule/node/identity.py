@@ -35,6 +35,8 @@ def cluster_secret(clustering: ClusteringConfig, data_dir: Path) -> str:
     password)."""
     if clustering.raft_password:
         return clustering.raft_password
+    if clustering.raft_insecure:
+        return f"bascule insecure development secret of {clustering.namespace}"
     secret_file = data_dir / "cluster-secret"
     if secret_file.exists():
         return secret_file.read_text().strip()
