@@ -37,7 +37,7 @@ EPILOG = f"""\
 addresses:
   -a/--address HOST:PORT, before or after the command, repeatable or comma-separated; else
   ${ADDRESS_ENV} (comma-separated); else {DEFAULT_ADDRESS}. The first address that accepts a
-  connection within --connect-timeout is asked.
+  connection within --connect-timeout is asked first, the others if it fails.
 
 flags that mean the same in every command:
   -s/--stream NAME, -p/--partition ID, -o/--offset OFFSET, -n/--count N (messages), -c/--cursor ID,
@@ -328,7 +328,8 @@ def _text(data: bytes) -> str:
 
 async def _run_admin(args: argparse.Namespace) -> None:
     args.address = await _first_reachable(args.addresses, args.connect_timeout)
-    async with Client(args.address, timeout=args.timeout, tls=args.tls) as client:
+    brokers = [args.address, *(address for address in args.addresses if address != args.address)]
+    async with Client(brokers, timeout=args.timeout, tls=args.tls) as client:
         await ADMIN_COMMANDS[args.command](client, args)
 
 
