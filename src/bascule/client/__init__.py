@@ -7,7 +7,7 @@
             ...
 """
 
-from bascule.client.core import DEFAULT_RESUBSCRIBE_WAIT, Client
+from bascule.client.core import DEFAULT_RESUBSCRIBE_WAIT, Client, _as_dict
 from bascule.client.groups import Consumer
 from bascule.client.model import (
     ACK_POLICIES,
@@ -31,5 +31,6 @@ from bascule.client.tls import ClientTls
 __all__ = [
     "ACK_POLICIES", "DEFAULT_RESUBSCRIBE_WAIT", "START_POSITIONS", "Ack", "Assignments", "BasculeError", "Client",
     "ClientTls", "Consumer", "GroupInfo", "Membership", "Message", "Metadata", "PartitionInfo", "Partitioner",
-    "RoundRobin", "StreamInfo", "StreamSettings", "_subscribe_batches", "_subscribe_messages", "partition_by_key",
+    "RoundRobin", "StreamInfo", "StreamSettings", "_as_dict", "_subscribe_batches", "_subscribe_messages",
+    "partition_by_key",
 ]
