@@ -148,3 +148,35 @@ async def test_a_subscription_and_a_publisher_outlive_the_leaders_death_without_
             with pytest.raises(BasculeError):  # no resubscribe wait: a dead stream fails at once
                 async for _ in client.subscribe("nope", resubscribe_wait=0):
                     pass
+
+
+@pytest.mark.cluster
+async def test_a_consumer_follows_its_group_to_a_new_coordinator_when_the_old_one_dies():
+    config = {**FAST, "groups.consumer.timeout": "20s", "groups.coordinator.timeout": "2s",
+              "cursors.stream.partitions": 1, "cursors.stream.replication.factor": 3}
+    with LocalCluster(3, config=config) as cluster:
+        async with Client(cluster.brokers, timeout=20) as client:
+            await client.wait_ready()
+            await client.create_stream("work", "work", replication_factor=3, min_isr=2)
+            received: list[int] = []
+            member = client.consumer("crew", auto_offset="earliest", fetch_interval=0.3)
+
+            async def consume():
+                async for message in member.messages(["work"]):
+                    received.append(int(message.value))
+
+            consuming = asyncio.create_task(consume())
+            for i in range(20):
+                await client.publish("work", b"%d" % i, ack_policy="all")
+            await until(lambda: len(received) == 20 or consuming.done())
+            assert not consuming.done(), consuming
+            coordinator, epoch = member.coordinator, member.epoch
+            cluster.kill(cluster.server_ids.index(coordinator))
+            for i in range(20, 40):
+                await client.publish("work", b"%d" % i, ack_policy="all")
+            await until(lambda: len(received) == 40 and member.coordinator != coordinator, timeout=40)
+            assert not consuming.done(), consuming
+            consuming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consuming
+            assert received == list(range(40)) and member.epoch > epoch
