@@ -36,6 +36,8 @@ AUTO_OFFSETS = {
 QUEUE_SIZE = 1024  # messages read ahead of the consumer, all partitions together
 _RETRY_DELAY = 0.2
 _NOT_MEMBER = "consumer is not a member of the consumer group"  # Liftbridge's words
+# A refused fetch the member recovers from: a dropped member, a coordinator gone, a stale epoch.
+_FOLLOWED = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})
 
 Position = tuple[str, int]  # stream, partition
 
@@ -159,6 +161,8 @@ class Consumer:
     async def _follow_group(self, code: grpc.StatusCode, details: str) -> None:
         """After a refused fetch: join again if the group dropped this member, report a coordinator
         that does not answer, and learn the group's coordinator and epoch."""
+        if code not in _FOLLOWED:
+            raise BasculeError(code, details)
         with contextlib.suppress(BasculeError):
             if code == grpc.StatusCode.NOT_FOUND or details == _NOT_MEMBER:
                 await self._join()
@@ -167,8 +171,6 @@ class Consumer:
                 await self.client.report_consumer_group_coordinator(
                     self.group_id, self.consumer_id, self.coordinator, self.epoch
                 )
-            elif code != grpc.StatusCode.FAILED_PRECONDITION:
-                raise BasculeError(code, details)
             group = await self.client.fetch_group_metadata(self.group_id)
             if group.exists:
                 self.coordinator, self.epoch = group.coordinator, group.epoch
