@@ -85,6 +85,19 @@ class Publishing(Protocol):
     @property
     def max_message_bytes(self) -> int: ...
 
+    @property
+    def max_forwarded_bytes(self) -> int:
+        """The largest publish request ``forward_burst`` takes."""
+        ...
+
+    def forward_burst(
+        self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
+        on_acks: BurstOutcome | None,
+    ) -> None:
+        """Forward a burst of publishes to the partition's leader, another node; ``on_acks`` as
+        ``submit_burst``'s (``wire.forwarding.Unforwarded``: the leader wrote none of them)."""
+        ...
+
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
         policies: list[api_pb2.AckPolicy], on_acks: BurstOutcome, expected_offsets: list[int] | None = None,

@@ -1,7 +1,9 @@
 """The publish RPCs: Publish, PublishAsync and PublishToSubject.
 
-A publish to a partition this node leads is appended here; one led elsewhere goes through the
-partition's NATS subject, as Liftbridge forwards it.
+A publish to a partition this node leads is appended here; one led elsewhere is forwarded to its
+leader, bursts of them in one NATS request each (``node.forwarding``), or goes through the
+partition's NATS subject, as Liftbridge forwards it, where that is the contract (an ack inbox, a
+subject other streams capture too).
 """
 
 from __future__ import annotations
@@ -20,19 +22,27 @@ from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
 from bascule.h2grpc.messages import frame
 from bascule.metadata.state import MetadataState
+from bascule.partition.replica import NotLeader
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
 from bascule.wire.entry import Record
+from bascule.wire.forwarding import Unforwarded
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
 from bascule.wire.pb import api_pb2
 from bascule.wire.settings import effective_settings
 
+_GRPC_PREFIX = 5  # a gRPC message's compressed flag and length, before its protobuf bytes
 # An entry holds up to 65,535 headers, two of which each message gets (subject, reply).
 MAX_HEADERS = 65535 - 2
 MAX_HEADER_NAME_BYTES = 65535
 
 # gRPC-framed responses, and how many requests they (and any ack-NONE publishes) answer.
 Respond = Callable[[bytes, int], None]
+# How many leaders a publish is forwarded to, one after another, while each refuses it unwritten
+# (it no longer leads); each try waits for the metadata to name another.
+FORWARD_ATTEMPTS = 3
+# How long a publish refused by a former leader waits for the metadata to name the next one.
+LEADER_CHANGE_WAIT = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +70,53 @@ class PublishRPCs:
             return api_pb2.PublishResponse()
         return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
-    async def publish(self, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+    async def publish(self, request: api_pb2.PublishRequest, wait: bool,
+                      attempts: int = FORWARD_ATTEMPTS) -> api_pb2.Ack | None:
         local = self._writable_leader(request) or await self._resume_here(request)
         if local is not None and not local.replica.is_leader:
             local = await self.replicas.until_leading(request.stream, request.partition)
         if local is None:
-            return _accepted(await self.publishing.publish_remote(request, wait))
+            leader = self._forwardable(request)
+            if not leader:
+                return _accepted(await self.publishing.publish_remote(request, wait))
+            try:
+                return await self._forward(leader, request, wait)
+            except Unforwarded:
+                if attempts <= 1:
+                    raise
+            await self.cluster.metadata_when(lambda state: _leader(state, request) != leader, LEADER_CHANGE_WAIT)
+            return await self.publish(request, wait, attempts - 1)
         record = _record(request, local)
         if not wait:
             local.replica.submit([record], expected=[request.expectedOffset])
             return None
         return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
                                              request.correlationId, request.expectedOffset)
+
+    def _forwardable(self, request: api_pb2.PublishRequest) -> str:
+        """The leader to forward ``request`` to, or "" when it goes through the partition's subject."""
+        if request.ackInbox or request.ByteSize() > self.publishing.max_forwarded_bytes:
+            return ""
+        return self._lane(request.stream, request.partition).remote
+
+    async def _forward(self, leader: str, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+        """Forward one publish to ``leader``; its ack, once acked (None when not ``wait``)."""
+        if not wait:
+            self.publishing.forward_burst(leader, request.stream, request.partition, [request], None)
+            return None
+        answered: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def acked(_: list[int], framed: bytes | None, error: BaseException | None) -> None:
+            if answered.done():
+                return
+            if framed is None:
+                answered.set_exception(error or RuntimeError("no ack"))
+            else:
+                answered.set_result(framed)
+
+        self.publishing.forward_burst(leader, request.stream, request.partition, [request], acked)
+        framed = await answered
+        return api_pb2.PublishResponse.FromString(framed[_GRPC_PREFIX:]).ack
 
     def _writable_leader(self, request: api_pb2.PublishRequest) -> LedPartition | None:
         """The partition to append ``request`` to, when this node leads it and it takes writes as it
@@ -103,9 +148,13 @@ class PublishRPCs:
             raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
         if meta.readonly:
             raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
-        writable = not meta.paused and meta.leader == self.cluster.server_id and not self._shared_subject(
-            stream, partition)
+        shared = self._shared_subject(stream, partition)
+        writable = not meta.paused and meta.leader == self.cluster.server_id and not shared
         lane = _Lane(self.replicas.get(stream, partition) if writable else None, meta.paused)
+        if not (meta.paused or shared or writable) and meta.leader:
+            lane.remote = meta.leader
+            lane.key = (stream, partition)
+            lane.concurrency_control = self._concurrency_controlled(stream, partition)
         if lane.local is not None or not writable:  # not yet opened here: asked again next time
             self._lanes[1][stream, partition] = lane
         return lane
@@ -228,7 +277,14 @@ def _expected_offsets(local: LedPartition, requests: list[api_pb2.PublishRequest
 
 
 def _failure(error: BaseException) -> PublishError:
+    if isinstance(error, Unforwarded):  # the leaders it was sent to refused it: as a leader that lost it
+        return publish_failure(NotLeader(str(error)))
     return _incorrect_offset() if isinstance(error, IncorrectOffset) else publish_failure(error)
+
+
+def _leader(state: MetadataState, request: api_pb2.PublishRequest) -> str:
+    meta = state.partition(request.stream, request.partition)
+    return meta.leader if meta is not None else ""
 
 
 def _incorrect_offset() -> PublishError:
@@ -268,7 +324,7 @@ class _AsyncCall:
         self.ready: list[bytes] = []  # gRPC-framed responses not yet sent
         self.wake = asyncio.Event()
         self.outstanding = 0  # requests read and not yet answered (or, ack NONE, appended)
-        self.burst = _Burst(rpcs.publishing, self.respond)
+        self.burst = _Burst(rpcs.publishing, self.respond, self.publish)
         self.resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
         self.slow: set[asyncio.Task[None]] = set()
 
@@ -300,10 +356,11 @@ class _AsyncCall:
         What is asked of the partition is asked once per run of requests to it (nothing changes
         while this runs: no await)."""
         rpcs, resuming, limit = self.rpcs, self.resuming, self.rpcs.publishing.max_message_bytes
+        forward_limit = rpcs.publishing.max_forwarded_bytes
         checked = rpcs.authorization is not None
         key: tuple[str, int] | None = None
         lane: _Lane | None = None
-        run: _Run | None = None  # the burst's run of the lane's partition, if this node appends to it
+        run: _Run | None = None  # the burst's run of the lane's partition, if this node appends or forwards it
         for request in requests:
             refusal = rpcs._denial(request, self.context) if checked else None
             if key is None or key[0] != request.stream or key[1] != request.partition:
@@ -324,7 +381,22 @@ class _AsyncCall:
                 resuming[key] = [request]
                 self._spawn(self._resume_then_publish(request))
                 key = None  # asked again: requests after this one are held back
-            elif (run is not None and not request.headers and not request.ackInbox
+            elif run is None or request.ackInbox:
+                self.publish(request)
+                key = None  # the burst's last run may have changed
+            elif run.local is None:  # forwarded to the leader: the leader makes the records
+                size = request.ByteSize()
+                if (request.ackPolicy == capture.NONE and lane.concurrency_control) or size > forward_limit:
+                    self.publish(request)  # refused there, or sent as an envelope
+                    key = None
+                    continue
+                try:
+                    rpcs._check_message(size, request.headers)
+                except PublishError as error:
+                    self.refuse(request, error)
+                    continue
+                run.requests.append(request)
+            elif (not request.headers
                   and (request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
                   and request.ByteSize() <= limit):
                 run.records.append(Record(request.value, request.key or None, lane.headers, 0, lane.header_block))
@@ -335,7 +407,9 @@ class _AsyncCall:
 
     def _run_of(self, lane: _Lane) -> _Run | None:
         local = lane.local
-        return self.burst.run(local) if local is not None and local.replica.is_leader else None
+        if local is not None and local.replica.is_leader:
+            return self.burst.run(local)
+        return self.burst.forwarded_run(lane) if lane.remote else None
 
     def publish(self, request: api_pb2.PublishRequest) -> None:
         """Publish one request the general way; ``respond`` gets its response: a refusal's whatever
@@ -406,11 +480,14 @@ class _AsyncCall:
 class _Lane:
     """How publishes to one partition go, as of one metadata state."""
 
-    __slots__ = ("local", "paused", "headers", "header_block")
+    __slots__ = ("local", "paused", "headers", "header_block", "remote", "key", "concurrency_control")
 
     def __init__(self, local: LedPartition | None, paused: bool) -> None:
         self.local = local  # the partition to append to here; None: resume it, or go to its leader
         self.paused = paused
+        self.remote = ""  # the leader to forward to, when another node leads and forwarding is the way
+        self.key = ("", 0)  # (stream, partition), when forwarded
+        self.concurrency_control = False  # whether the partition checks expected offsets, when forwarded
         # The headers a NATS-routed publish would have got (subject, reply), as Liftbridge records
         # on every message: shared, and encoded once.
         self.headers: dict[str, bytes] = {}
@@ -420,23 +497,27 @@ class _Lane:
 
 
 class _Run:
-    """Requests of a burst in a row for one partition, and their records."""
+    """Requests of a burst in a row for one partition, and their records (none when forwarded)."""
 
-    __slots__ = ("local", "records", "requests")
+    __slots__ = ("local", "forwarded", "records", "requests")
 
-    def __init__(self, local: LedPartition) -> None:
-        self.local = local
+    def __init__(self, local: LedPartition | None, forwarded: _Lane | None = None) -> None:
+        self.local = local  # appended here, or
+        self.forwarded = forwarded  # forwarded to this lane's leader
         self.records: list[Record] = []
         self.requests: list[api_pb2.PublishRequest] = []
 
 
 class _Burst:
     """The PublishAsync requests of one call that arrive in one event-loop turn for partitions this
-    node leads: each run of them on one partition is appended in one write, acked in one callback."""
+    node leads or forwards to their leaders: each run of them on one partition is appended in one
+    write, or forwarded in one request, and acked in one callback."""
 
-    def __init__(self, publishing: Publishing, respond: Respond) -> None:
+    def __init__(self, publishing: Publishing, respond: Respond,
+                 reroute: Callable[[api_pb2.PublishRequest], None]) -> None:
         self._publishing = publishing
         self._respond = respond
+        self._reroute = reroute  # a request a former leader refused unwritten, to publish again
         self._runs: list[_Run] = []
 
     def add(self, local: LedPartition, record: Record, request: api_pb2.PublishRequest) -> None:
@@ -453,6 +534,15 @@ class _Burst:
             runs.append(_Run(local))
         return runs[-1]
 
+    def forwarded_run(self, lane: _Lane) -> _Run:
+        """The run that requests forwarded through ``lane`` now join."""
+        runs = self._runs
+        if not runs:
+            asyncio.get_running_loop().call_soon(self._flush)
+        if not runs or runs[-1].forwarded is not lane:
+            runs.append(_Run(None, lane))
+        return runs[-1]
+
     def _flush(self) -> None:
         runs, self._runs = self._runs, []
         for run in runs:
@@ -461,18 +551,34 @@ class _Burst:
                 continue
             policies = [request.ackPolicy for request in requests]
             unanswered = policies.count(capture.NONE)
-            try:
-                self._publishing.submit_burst(local.replica, local.subject, run.records,
-                                              [request.correlationId for request in requests], policies,
-                                              functools.partial(self._acked, requests),
-                                              _expected_offsets(local, requests))
-            except Exception as exc:  # leadership ended since the requests were read
-                self._acked(requests, [i for i, policy in enumerate(policies) if policy != capture.NONE], None, exc)
+            if local is None:
+                self._forward(run, unanswered < len(requests))
+            else:
+                self._submit(local, run, policies)
             if unanswered:
-                self._respond(b"", unanswered)  # ack NONE: answered by being appended
+                self._respond(b"", unanswered)  # ack NONE: answered by being appended (or sent on)
+
+    def _forward(self, run: _Run, acked: bool) -> None:
+        lane = run.forwarded
+        assert lane is not None
+        on_acks = functools.partial(self._acked, run.requests) if acked else None
+        self._publishing.forward_burst(lane.remote, *lane.key, run.requests, on_acks)
+
+    def _submit(self, local: LedPartition, run: _Run, policies: list[api_pb2.AckPolicy]) -> None:
+        requests = run.requests
+        try:
+            self._publishing.submit_burst(local.replica, local.subject, run.records,
+                                          [request.correlationId for request in requests], policies,
+                                          functools.partial(self._acked, requests), _expected_offsets(local, requests))
+        except Exception as exc:  # leadership ended since the requests were read
+            self._acked(requests, [i for i, policy in enumerate(policies) if policy != capture.NONE], None, exc)
 
     def _acked(self, requests: list[api_pb2.PublishRequest], indices: list[int], framed: bytes | None,
                error: BaseException | None) -> None:
+        if isinstance(error, Unforwarded):  # nothing written: on to the leader the metadata names next
+            for index in indices:
+                self._reroute(requests[index])
+            return
         if framed is None:
             failure = _failure(error or RuntimeError("no ack"))
             framed = frame([_async_error(requests[index], failure).SerializeToString() for index in indices])

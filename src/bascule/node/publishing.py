@@ -1,6 +1,7 @@
-"""Publishing for the API: appends to partitions this node leads, and envelopes through NATS to
-partitions led elsewhere (as Liftbridge forwards them: on the partition's subject, acked to an
-inbox of this node's)."""
+"""Publishing for the API: appends to partitions this node leads, bursts forwarded to the leaders
+of partitions led elsewhere (``node.forwarding``), and envelopes through NATS where Liftbridge's way
+is the contract (a publish naming an ack inbox, a subject other streams capture too, PublishToSubject:
+on the partition's subject, acked to an inbox)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bascule.metadata.raft import MetadataError, MetadataRaft
 from bascule.metadata.state import NOT_FOUND
 from bascule.natsio.publisher import EnvelopePublisher
 from bascule.node.capture import when_ackable
+from bascule.node.forwarding import Forwarder
 from bascule.partition.replica import NotLeader, PartitionReplica, settle
 from bascule.partition.replication.concurrency import NO_EXPECTATION
 from bascule.wire import capture
@@ -25,13 +27,24 @@ ACK_TIMEOUT = 30.0
 # gRPC delivers pipelined publishes one per event-loop turn; waiting this long lets one write,
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
+# What a batch of one adds to a PublishRequest's size (its header and fixed fields; the stream
+# name and every variable field are counted in the request's size already).
+FORWARDING_HEADROOM = 64
 
 
 
 class PublishPath:
-    def __init__(self, raft: MetadataRaft, envelopes: EnvelopePublisher) -> None:
+    def __init__(self, raft: MetadataRaft, envelopes: EnvelopePublisher, forwarder: Forwarder) -> None:
         self.raft = raft
         self.envelopes = envelopes
+        self.forwarder = forwarder
+
+    async def start(self) -> None:
+        """Serve the bursts other nodes forward to the partitions this node leads."""
+        await self.forwarder.start(self.submit_burst)
+
+    async def close(self) -> None:
+        await self.forwarder.close()
 
     @property
     def max_message_bytes(self) -> int:
@@ -39,6 +52,20 @@ class PublishPath:
         NATS message as an envelope with this node's ack inbox. Replication carries whatever that
         makes (big entries go in pieces)."""
         return self.envelopes.max_message_bytes
+
+    @property
+    def max_forwarded_bytes(self) -> int:
+        """The largest publish request forwarded in a burst (with its batch's header, it fits one
+        NATS message); a bigger one goes as an envelope."""
+        return self.forwarder.max_batch_bytes - FORWARDING_HEADROOM
+
+    def forward_burst(
+        self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
+        on_acks: capture.BurstOutcome | None,
+    ) -> None:
+        """Forward a burst of API publishes to the partition's leader, ``leader``; ``on_acks`` as
+        ``submit_burst``'s (``wire.forwarding.Unforwarded`` when the leader wrote none of them)."""
+        self.forwarder.forward(leader, stream, partition, requests, on_acks)
 
     def submit(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
