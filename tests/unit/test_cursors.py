@@ -5,12 +5,13 @@ leaderships."""
 import time
 from types import SimpleNamespace
 
+import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bascule.api.cursors import OLD_OFFSET, Cursors, cursor_key, cursor_offset, encode_cursor
+from bascule.api.cursors import OLD_OFFSET, CursorError, Cursors, cursor_key, cursor_offset, encode_cursor
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.wire.entry import Record
@@ -141,5 +142,21 @@ async def test_a_new_leadership_reads_the_partition_again(tmp_path):
         write(replica, [(b"other", b"x"), (key, encode_cursor("events", 0, "reader", 3))])
         replica.become_leader("me", 4, 1, ("me",), ("me",), min_isr=1, max_lag_time=10.0, leader_timeout=10.0)
         assert cursors.fetch("events", 0, "reader") == 3
+    finally:
+        replica.close()
+
+
+async def test_a_cursor_may_name_any_stream_and_partition_but_needs_both_ids(tmp_path):
+    """Liftbridge's rules and words: a stream or partition that does not exist is no error."""
+    replica = cursor_replica(tmp_path / "cursors")
+    try:
+        cursors = Cursors(Cluster(), Replicas(replica), publishing=None)
+        assert cursors.fetch("deleted", 9, "reader") == -1
+        write(replica, [(cursor_key("reader", "deleted", 9), encode_cursor("deleted", 9, "reader", 4))])
+        assert cursors.fetch("deleted", 9, "reader") == 4
+        for stream, cursor_id, words in [("", "reader", "No stream provided"), ("events", "", "No cursorId provided")]:
+            with pytest.raises(CursorError, match=words) as refused:
+                cursors.fetch(stream, 0, cursor_id)
+            assert refused.value.status == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         replica.close()

@@ -1,6 +1,7 @@
 import pytest
 
 from bascule.api.positions import EndOfStream, LogBounds, PositionError, check_range, start_offset, stop_offset
+from bascule.metadata.placement import PlacementError, replica_count
 from bascule.wire.names import partition_subject, stream_name_error, subject_error
 from bascule.wire.pb import api_pb2
 
@@ -26,6 +27,17 @@ def test_good_subjects(subject):
 @pytest.mark.parametrize("subject", ["", "foo..bar", "foo bar", "foo.>.x", ".foo", "foo.", "f*o"])
 def test_bad_subjects(subject):
     assert subject_error(subject)
+
+
+def test_refusals_in_liftbridges_words():
+    """Clients match on these texts (tests/conformance holds them to the real Liftbridge)."""
+    assert stream_name_error("") == "Name cannot be empty"
+    assert stream_name_error("__cursors") == "Stream is reserved"
+    assert subject_error("") == subject_error("a..b") == "Subject is invalid"
+    assert subject_error("x" * 1025) == "Subject is invalid: longer than 1024 characters"
+    for factor, words in [(9, "Invalid replicationFactor 9, cluster size 3"), (-2, "Invalid replicationFactor -2")]:
+        with pytest.raises(PlacementError, match=f"^{words}$"):
+            replica_count(factor, 3)
 
 
 def test_partition_subjects():

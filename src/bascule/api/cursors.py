@@ -106,14 +106,18 @@ class Cursors:
             raise CursorError(grpc.StatusCode.FAILED_PRECONDITION, "Server not cursor partition leader")
         return index, local
 
-    def _validate(self, stream: str, partition: int, cursor_id: str) -> None:
+    @staticmethod
+    def _validate(stream: str, cursor_id: str) -> None:
+        """Liftbridge's checks and words. As there, a cursor may name a stream or partition that does
+        not exist (yet, or any more): it is the client's record of a position, kept whatever becomes
+        of the stream (deleting a stream leaves its cursors too)."""
+        if not stream:
+            raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No stream provided")
         if not cursor_id:
-            raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No cursor id provided")
-        if self.cluster.state.partition(stream, partition) is None:
-            raise CursorError(grpc.StatusCode.NOT_FOUND, "No such partition")
+            raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No cursorId provided")
 
     async def set(self, stream: str, partition: int, cursor_id: str, offset: int) -> None:
-        self._validate(stream, partition, cursor_id)
+        self._validate(stream, cursor_id)
         key = cursor_key(cursor_id, stream, partition)
         index, local = self._partition(key)
         meta = self.cluster.state.partition(CURSORS_STREAM, index)
@@ -123,7 +127,7 @@ class Cursors:
         await self.publishing.publish(local.replica, local.subject, record, api_pb2.AckPolicy.ALL, "")
 
     def fetch(self, stream: str, partition: int, cursor_id: str) -> int:
-        self._validate(stream, partition, cursor_id)
+        self._validate(stream, cursor_id)
         key = cursor_key(cursor_id, stream, partition)
         index_no, local = self._partition(key)
         replica = local.replica

@@ -45,7 +45,7 @@ async def metadata_call(context: grpc.aio.ServicerContext, proposal: Awaitable[T
 async def refuse_internal_stream(name: str, context: grpc.aio.ServicerContext) -> None:
     """The internal streams (cursors) are the server's own: clients may not delete or stop them."""
     if name in RESERVED_STREAMS:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Stream name {name!r} is reserved")
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Stream is reserved")  # Liftbridge's words
 
 
 class PublishError(Exception):

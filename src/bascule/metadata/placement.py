@@ -18,11 +18,9 @@ def replica_count(replication_factor: int, broker_count: int) -> int:
     if replication_factor == 0:
         return 1
     if replication_factor < -1:
-        raise PlacementError(f"invalid replication factor {replication_factor}")
+        raise PlacementError(f"Invalid replicationFactor {replication_factor}")  # Liftbridge's words, as below
     if replication_factor > broker_count:
-        raise PlacementError(
-            f"replication factor {replication_factor} exceeds the {broker_count} available brokers"
-        )
+        raise PlacementError(f"Invalid replicationFactor {replication_factor}, cluster size {broker_count}")
     return replication_factor
 
 

@@ -22,6 +22,8 @@ MAX_GROUP_STREAMS = 1024  # streams one consumer of a group subscribes to
 MAX_PARTITIONS = 1024  # per stream: placement and every node's reconcile walk them all
 MAX_REPLICATION_FACTOR = 64
 
+INVALID_SUBJECT = "Subject is invalid"  # Liftbridge's words for any subject it refuses
+
 
 def is_protocol_token(value: str) -> bool:
     """Whether ``value`` can go verbatim into a NATS protocol line (SUB, PUB): not empty, no
@@ -33,9 +35,9 @@ def is_protocol_token(value: str) -> bool:
 def stream_name_error(name: str) -> str | None:
     """Why ``name`` cannot name a stream, or None when it can."""
     if not name:
-        return "No stream name provided"
+        return "Name cannot be empty"  # Liftbridge's words, as the reserved and subject errors below
     if name in RESERVED_STREAMS:
-        return f"Stream name {name!r} is reserved"
+        return "Stream is reserved"
     # Stream names become directory names and NATS subject tokens, so no separators or traversal.
     if not _STREAM_NAME.fullmatch(name) or ".." in name or name.endswith("."):
         return f"Invalid stream name {name!r}: use letters, digits, '_', '-' and '.'"
@@ -45,15 +47,15 @@ def stream_name_error(name: str) -> str | None:
 def subject_error(subject: str) -> str | None:
     """Why ``subject`` is not a NATS subject a stream can listen on, or None."""
     if not subject:
-        return "No subject provided"
+        return INVALID_SUBJECT
     if len(subject) > MAX_SUBJECT_LENGTH:
-        return f"Subject longer than {MAX_SUBJECT_LENGTH} characters"
+        return f"{INVALID_SUBJECT}: longer than {MAX_SUBJECT_LENGTH} characters"
     tokens = subject.split(".")
     for index, token in enumerate(tokens):
         if token == "*" or (token == ">" and index == len(tokens) - 1):
             continue
         if not is_protocol_token(token) or _SUBJECT_SPECIALS.intersection(token):
-            return f"Invalid subject {subject!r}"
+            return INVALID_SUBJECT
     return None
 
 
