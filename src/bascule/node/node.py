@@ -19,7 +19,7 @@ import nats
 
 from bascule import durable
 from bascule.config import Config
-from bascule.config.values import unauthenticated_raft_error
+from bascule.config.values import unauthenticated_raft_error, unshared_secret_error
 from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import join_cluster
@@ -56,10 +56,19 @@ REGISTRATION_RETRY = 0.2
 STREAM_START_WAIT = 5.0
 STREAM_START_POLL = 0.02
 GROUP_APPLY_WAIT = 5.0
+UNREACHABLE_REPORT_INTERVAL = 5.0  # seconds between warnings while NATS cannot be reached at start
 
 
 class InsecureRaft(PermissionError):
     """The Raft transport would listen beyond loopback without a password."""
+
+
+class UnsharedSecret(PermissionError):
+    """The node has to join a cluster, and has no secret it could share with the others."""
+
+
+class NatsUnreachable(ConnectionError):
+    """No NATS server answered within nats.connect.timeout of the node's start."""
 
 
 class NatsRefused(PermissionError):
@@ -86,6 +95,8 @@ class Node:
         self._internal: SealedNats | None = None  # the node-to-node side of _nats
         self._connecting: asyncio.Future[nats.NATS] | None = None
         self._refused_by_nats: str | None = None
+        self._unreachable_because: Exception | None = None
+        self._next_unreachable_report = 0.0
         self._capture_connection: CaptureConnection | None = None
         self._capture: CapturePath | None = None
         self._envelopes: EnvelopePublisher | None = None
@@ -199,20 +210,13 @@ class Node:
         if not clean_start:
             log.warning("the previous run of this node did not stop cleanly: its replicas count as unclean "
                         "(not electable) until they catch up with their leaders")
+        joins = await asyncio.to_thread(identity.known_raft_peers, clustering, self.data_dir, "") is None
+        problem = unshared_secret_error(clustering, joins)
+        if problem:
+            raise UnsharedSecret(problem)
         secret = await asyncio.to_thread(identity.cluster_secret, clustering, self.data_dir)
         nats_url, auth = await self._start_nats(secret)
-        # Retried until NATS is up, but not when it refuses the credentials: that needs an operator.
-        self._connecting = asyncio.ensure_future(nats.connect(
-            nats_url, name=f"bascule-{self.server_id}", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            error_cb=self._nats_error, **auth.client_options(),
-        ))
-        try:
-            nc = self._nats = await self._connecting
-        except asyncio.CancelledError:
-            if self._refused_by_nats is None:
-                raise
-            raise NatsRefused(f"NATS refused this node ({self._refused_by_nats}); check nats.user, "
-                              "nats.password, nats.token, nats.credentials, nats.nkey.seed and nats.tls.*") from None
+        nc = self._nats = await self._connect_nats(nats_url, auth)
         internal = self._internal = SealedNats(nc, Sealer(derive_key(secret)))
         self._capture_connection = CaptureConnection(nats_url, f"bascule-{self.server_id}-capture", auth=auth)
         await self._capture_connection.connect()
@@ -308,13 +312,49 @@ class Node:
         members = await join_cluster(self._internal, self.subjects, raft_address)
         return await asyncio.to_thread(identity.remember_raft_members, self.data_dir, members, raft_address)
 
+    async def _connect_nats(self, nats_url: list[str], auth: NatsAuth) -> nats.NATS:
+        """Retried for nats.connect.timeout (NATS may be starting beside this node), then given up
+        on with an error that names the servers; at once when NATS refuses the credentials: that
+        needs an operator."""
+        timeout = self.config.nats.connect_timeout
+        self._connecting = asyncio.ensure_future(nats.connect(
+            nats_url, name=f"bascule-{self.server_id}", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            error_cb=self._nats_error, **auth.client_options(),
+        ))
+        try:
+            return await asyncio.wait_for(self._connecting, timeout)
+        except TimeoutError:
+            raise NatsUnreachable(
+                f"cannot reach NATS at {', '.join(redacted(url) for url in nats_url)} after {timeout:g} s "
+                f"({self._unreachable_because!r}); is it running? (nats.servers, nats.connect.timeout)"
+            ) from None
+        except asyncio.CancelledError:
+            if self._refused_by_nats is None:
+                raise
+            raise NatsRefused(f"NATS refused this node ({self._refused_by_nats}); check nats.user, "
+                              "nats.password, nats.token, nats.credentials, nats.nkey.seed and nats.tls.*") from None
+
     async def _nats_error(self, error: Exception) -> None:
+        if self._nats is None and self._connecting is not None:
+            self._starting_nats_error(error)
+            return
         # Slow-consumer drops on a capture subscription lose plain publishes: say so loudly.
         log.error("NATS error: %r", error)
-        refused = "authorization violation" in str(error).lower() or "authentication" in str(error).lower()
-        if refused and self._nats is None and self._connecting is not None:
+
+    def _starting_nats_error(self, error: Exception) -> None:
+        """An error of the first connect: a refusal ends it, anything else is retried and told now
+        and then (nats-py reports each attempt, twice a second)."""
+        if "authorization violation" in str(error).lower() or "authentication" in str(error).lower():
             self._refused_by_nats = str(error)
+            assert self._connecting is not None
             self._connecting.cancel()
+            return
+        self._unreachable_because = error
+        now = time.monotonic()
+        if now >= self._next_unreachable_report:
+            self._next_unreachable_report = now + UNREACHABLE_REPORT_INTERVAL
+            log.warning("cannot reach NATS yet (%r): retrying for up to %g s (nats.connect.timeout)",
+                        error, self.config.nats.connect_timeout)
 
     def _on_metadata_change(self) -> None:
         if self._core is not None:
