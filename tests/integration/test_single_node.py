@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 
 import grpc
@@ -865,3 +866,37 @@ async def test_a_raft_address_kept_in_the_data_dir_needs_a_password_beyond_loopb
 
 def files_in(root) -> set[str]:
     return {os.path.relpath(os.path.join(d, name), root) for d, _, files in os.walk(root) for name in files}
+
+
+async def test_publish_async_keeps_a_calls_order_and_acks_on_the_call_whatever_inbox_a_request_names(tmp_path):
+    """As Liftbridge's PublishAsync: a request's ackInbox is not where its ack goes (the call's own
+    inbox, `<ns>.ack.<token>`, is what every ack names), so a request naming one takes the same way
+    as the others and keeps its place: an ack-NONE publish then one naming an inbox are stored in
+    that order, every time."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address) as client:
+            await client.wait_ready()
+            await client.create_stream("ordered", "ordered")
+        nc = await nats.connect(node._embedded.url)
+        named = await nc.subscribe("my.inbox")
+        NONE, LEADER = api_pb2.AckPolicy.NONE, api_pb2.AckPolicy.LEADER
+
+        async def requests():
+            for round_ in range(50):
+                yield api_pb2.PublishRequest(stream="ordered", value=b"none-%d" % round_, ackPolicy=NONE)
+                yield api_pb2.PublishRequest(stream="ordered", value=b"cid-%d" % round_, ackPolicy=LEADER,
+                                             ackInbox="my.inbox", correlationId=f"c{round_}")
+
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                acks = [r.ack async for r in api_pb2_grpc.APIStub(channel).PublishAsync(requests(), timeout=10)]
+            assert [ack.correlationId for ack in acks] == [f"c{round_}" for round_ in range(50)]
+            inboxes = {ack.ackInbox for ack in acks}
+            assert len(inboxes) == 1 and re.fullmatch(r"liftbridge-default\.ack\.[0-9a-f]{22}", inboxes.pop())
+            with pytest.raises(nats.errors.TimeoutError):
+                await named.next_msg(timeout=0.5)  # nothing went to the inbox the requests named
+        finally:
+            await nc.close()
+        async with Client(address) as client:
+            stored = [m.value async for m in client.subscribe("ordered", start="earliest", stop_latest=True)]
+        assert stored == [value for round_ in range(50) for value in (b"none-%d" % round_, b"cid-%d" % round_)]

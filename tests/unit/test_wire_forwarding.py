@@ -23,8 +23,8 @@ from bascule.wire.forwarding import (
 
 
 def batch_bytes(entries: list[tuple[int, int, str, bytes, bytes, dict[str, bytes] | None]],
-                stream: str = "orders", partition: int = 3) -> bytes:
-    return encode_header(stream, partition, len(entries)) + b"".join(
+                stream: str = "orders", partition: int = 3, inbox: str = "") -> bytes:
+    return encode_header(stream, partition, len(entries), inbox=inbox) + b"".join(
         encode_entry(policy, offset, cid.encode(), key, value, headers)
         for policy, offset, cid, key, value, headers in entries
     )
@@ -42,8 +42,8 @@ def framed(*payloads: bytes) -> bytes:
 
 
 def test_a_batch_round_trips() -> None:
-    batch = decode_batch(batch_bytes(ENTRIES))
-    assert (batch.stream, batch.partition) == ("orders", 3)
+    batch = decode_batch(batch_bytes(ENTRIES, inbox="liftbridge-default.ack.0f3c"))
+    assert (batch.stream, batch.partition, batch.inbox) == ("orders", 3, "liftbridge-default.ack.0f3c")
     assert batch.policies == [1, 0, 2]
     assert batch.expected_offsets == [-1, 7, 1 << 62]
     assert batch.correlation_ids == ["c-1", "", "c-3" * 100]
@@ -74,10 +74,13 @@ def test_bytes_after_the_last_publish_are_refused() -> None:
     (0, b"\x09", "version 9"),
     (5, struct.pack(">I", 1_000_000), "claims 1000000 publishes"),
     (11, b"\xff\xfe", "stream name is not UTF-8"),
-    (13, b"\x07", "unknown ack policy 7"),  # the first publish's ack policy
+    (13, b"\xff\xff", "ack inbox runs past the end"),
+    (15, b"\xff", "ack inbox is not UTF-8"),
+    (16, b"\x07", "unknown ack policy 7"),  # the first publish's ack policy
 ])
 def test_a_mangled_batch_says_what_is_wrong(at: int, replacement: bytes, problem: str) -> None:
-    data = batch_bytes([ENTRIES[0]], stream="ab")  # a header of 11 bytes, then "ab", then the publish
+    # A header of 11 bytes, then "ab", the inbox's length (2) and "i", then the publish.
+    data = batch_bytes([ENTRIES[0]], stream="ab", inbox="i")
     with pytest.raises(ForwardingError, match=problem):
         decode_batch(data[:at] + replacement + data[at + len(replacement):])
 

@@ -61,6 +61,10 @@ class Cluster(Protocol):
         """The metadata once ``predicate`` holds of it, or as it is after ``timeout`` seconds."""
         ...
 
+    async def catch_up(self) -> None:
+        """Until this node's metadata is at least the metadata leader's as of now."""
+        ...
+
     async def join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> tuple[str, int]:
         """Join ``group`` (created if need be); its coordinator and epoch. Raises MetadataError."""
         ...
@@ -90,9 +94,13 @@ class Publishing(Protocol):
         """The largest publish request ``forward_burst`` takes."""
         ...
 
+    def new_ack_inbox(self) -> str:
+        """The ack inbox a PublishAsync call's acks name, or a Publish's that names none."""
+        ...
+
     def forward_burst(
         self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
-        on_acks: BurstOutcome | None,
+        on_acks: BurstOutcome | None, inbox: str = "",
     ) -> None:
         """Forward a burst of publishes to the partition's leader, another node; ``on_acks`` as
         ``submit_burst``'s (``wire.forwarding.Unforwarded``: the leader wrote none of them)."""
@@ -101,11 +109,12 @@ class Publishing(Protocol):
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
         policies: list[api_pb2.AckPolicy], on_acks: BurstOutcome, expected_offsets: list[int] | None = None,
+        inbox: str = "",
     ) -> None: ...
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        expected_offset: int = NO_EXPECTATION,
+        expected_offset: int = NO_EXPECTATION, inbox: str = "",
     ) -> api_pb2.Ack: ...
 
     async def publish_to_subject(

@@ -21,6 +21,7 @@ from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
 from bascule.h2grpc import Framed
 from bascule.h2grpc.messages import frame
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.state import MetadataState
 from bascule.partition.replica import NotLeader
 from bascule.partition.replication.concurrency import IncorrectOffset
@@ -41,6 +42,10 @@ Respond = Callable[[bytes, int], None]
 # How many leaders a publish is forwarded to, one after another, while each refuses it unwritten
 # (it no longer leads); each try waits for the metadata to name another.
 FORWARD_ATTEMPTS = 3
+DEADLINE_MARGIN = 0.1  # seconds before a call's deadline that a wait for its ack gives up
+# Refusals from this node's metadata that a change it has not applied yet may lift: asked again
+# once it has caught up with the metadata leader's.
+MAYBE_STALE = frozenset({"NOT_FOUND", "READONLY"})
 # How long a publish refused by a former leader waits for the metadata to name the next one.
 LEADER_CHANGE_WAIT = 10.0
 
@@ -70,9 +75,12 @@ class PublishRPCs:
             return api_pb2.PublishResponse()
         return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
-    async def publish(self, request: api_pb2.PublishRequest, wait: bool,
+    async def publish(self, request: api_pb2.PublishRequest, wait: bool, inbox: str = "",
                       attempts: int = FORWARD_ATTEMPTS) -> api_pb2.Ack | None:
-        local = self._writable_leader(request) or await self._resume_here(request)
+        """Publish ``request``; its ack (None when not ``wait``). An ack of this node or of the leader
+        it forwards to names ``inbox`` (by default a new one), one through NATS the request's own."""
+        inbox = inbox or self.publishing.new_ack_inbox()
+        local = await self._writable_leader_caught_up(request) or await self._resume_here(request)
         if local is not None and not local.replica.is_leader:
             local = await self.replicas.until_leading(request.stream, request.partition)
         if local is None:
@@ -80,18 +88,18 @@ class PublishRPCs:
             if not leader:
                 return _accepted(await self.publishing.publish_remote(request, wait))
             try:
-                return await self._forward(leader, request, wait)
+                return await self._forward(leader, request, wait, inbox)
             except Unforwarded:
                 if attempts <= 1:
                     raise
             await self.cluster.metadata_when(lambda state: _leader(state, request) != leader, LEADER_CHANGE_WAIT)
-            return await self.publish(request, wait, attempts - 1)
+            return await self.publish(request, wait, inbox, attempts - 1)
         record = _record(request, local)
         if not wait:
             local.replica.submit([record], expected=[request.expectedOffset])
             return None
         return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
-                                             request.correlationId, request.expectedOffset)
+                                             request.correlationId, request.expectedOffset, inbox)
 
     def _forwardable(self, request: api_pb2.PublishRequest) -> str:
         """The leader to forward ``request`` to, or "" when it goes through the partition's subject."""
@@ -99,7 +107,8 @@ class PublishRPCs:
             return ""
         return self._lane(request.stream, request.partition).remote
 
-    async def _forward(self, leader: str, request: api_pb2.PublishRequest, wait: bool) -> api_pb2.Ack | None:
+    async def _forward(self, leader: str, request: api_pb2.PublishRequest, wait: bool,
+                       inbox: str) -> api_pb2.Ack | None:
         """Forward one publish to ``leader``; its ack, once acked (None when not ``wait``)."""
         if not wait:
             self.publishing.forward_burst(leader, request.stream, request.partition, [request], None)
@@ -114,9 +123,27 @@ class PublishRPCs:
             else:
                 answered.set_result(framed)
 
-        self.publishing.forward_burst(leader, request.stream, request.partition, [request], acked)
+        self.publishing.forward_burst(leader, request.stream, request.partition, [request], acked, inbox)
         framed = await answered
         return api_pb2.PublishResponse.FromString(framed[_GRPC_PREFIX:]).ack
+
+    async def _writable_leader_caught_up(self, request: api_pb2.PublishRequest) -> LedPartition | None:
+        """``_writable_leader``, asked again once this node's metadata has caught up with the
+        metadata leader's when it refuses a publish that a change it has not applied yet may allow
+        (a stream just created, or made writable again, through another node)."""
+        try:
+            return self._writable_leader(request)
+        except PublishError as error:
+            if error.async_code not in MAYBE_STALE:
+                raise
+        await self.catch_up()
+        return self._writable_leader(request)
+
+    async def catch_up(self) -> None:
+        try:
+            await self.cluster.catch_up()
+        except (MetadataError, NoMetadataLeader):
+            log.debug("could not catch up with the metadata leader", exc_info=True)  # refused as it stands
 
     def _writable_leader(self, request: api_pb2.PublishRequest) -> LedPartition | None:
         """The partition to append ``request`` to, when this node leads it and it takes writes as it
@@ -248,14 +275,20 @@ class PublishRPCs:
             key=request.key, value=request.value, headers=request.headers, ackInbox=request.ackInbox,
             correlationId=request.correlationId, ackPolicy=request.ackPolicy,
         )
-        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and context.time_remaining() is not None
+        remaining = context.time_remaining()
+        wait = request.ackPolicy != api_pb2.AckPolicy.NONE and remaining is not None
         problem = publish_subject_error(request.subject) or (
             request.ackInbox and publish_subject_error(request.ackInbox))
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
             self._check_message(message.ByteSize(), message.headers)
-            ack = await self.publishing.publish_to_subject(request.subject, message, wait, context.time_remaining())
+            # Given up on just before the call's deadline, so that the client hears Liftbridge's answer
+            # to an ack that never came (no stream captures the subject, say), not the deadline's.
+            ack = await self.publishing.publish_to_subject(
+                request.subject, message, wait, None if remaining is None else max(0.0, remaining - DEADLINE_MARGIN))
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
         except Exception as exc:
             failure = publish_failure(exc)
             await context.abort(failure.status, failure.message)
@@ -324,8 +357,10 @@ class _AsyncCall:
         self.ready: list[bytes] = []  # gRPC-framed responses not yet sent
         self.wake = asyncio.Event()
         self.outstanding = 0  # requests read and not yet answered (or, ack NONE, appended)
-        self.burst = _Burst(rpcs.publishing, self.respond, self.publish)
+        self.inbox = rpcs.publishing.new_ack_inbox()  # what its acks name, as Liftbridge's session inbox
+        self.burst = _Burst(rpcs.publishing, self.respond, self.publish, self.inbox)
         self.resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
+        self.caught_up_at = -1  # the metadata version this call last caught up to (at most once a version)
         self.slow: set[asyncio.Task[None]] = set()
 
     def respond(self, framed: bytes, answered: int) -> None:
@@ -362,6 +397,8 @@ class _AsyncCall:
         lane: _Lane | None = None
         run: _Run | None = None  # the burst's run of the lane's partition, if this node appends or forwards it
         for request in requests:
+            if request.ackInbox:  # acked on the call, as Liftbridge acks a PublishAsync: no NATS way round
+                request.ClearField("ackInbox")
             refusal = rpcs._denial(request, self.context) if checked else None
             if key is None or key[0] != request.stream or key[1] != request.partition:
                 key, lane, run = (request.stream, request.partition), None, None
@@ -375,6 +412,12 @@ class _AsyncCall:
                     lane = rpcs._lane(*key)
                     run = self._run_of(lane)
             except PublishError as error:
+                stale = error.async_code in MAYBE_STALE and self.caught_up_at < rpcs.cluster.state.version
+                if refusal is None and stale:
+                    resuming[key] = [request]
+                    self._spawn(self._catch_up_then_take(key))
+                    key = None  # asked again: requests after this one are held back
+                    continue
                 self.refuse(request, error)
                 continue
             if lane.paused:
@@ -446,7 +489,7 @@ class _AsyncCall:
         """Resume the partition, wait for leadership or go through NATS; ``acked`` is told once,
         whatever happens (a cancelled stream included)."""
         try:
-            ack = await self.rpcs.publish(request, wait)
+            ack = await self.rpcs.publish(request, wait, self.inbox)
         except asyncio.CancelledError as exc:
             acked(None, exc)
             raise
@@ -454,6 +497,17 @@ class _AsyncCall:
             acked(None, exc)
         else:
             acked(ack, None)
+
+    async def _catch_up_then_take(self, key: tuple[str, int]) -> None:
+        """Route the requests held back for a partition this node refused from its metadata,
+        once that metadata has caught up with the metadata leader's, in the order they came."""
+        try:
+            await self.rpcs.catch_up()
+        except asyncio.CancelledError:  # the call ended
+            self.resuming.pop(key)
+            raise
+        self.caught_up_at = self.rpcs.cluster.state.version
+        self.take(self.resuming.pop(key))  # no await in between: requests read later come after these
 
     async def _resume_then_publish(self, first: api_pb2.PublishRequest) -> None:
         """Resume a paused partition, then publish the requests held back for it meanwhile, in the
@@ -514,9 +568,10 @@ class _Burst:
     write, or forwarded in one request, and acked in one callback."""
 
     def __init__(self, publishing: Publishing, respond: Respond,
-                 reroute: Callable[[api_pb2.PublishRequest], None]) -> None:
+                 reroute: Callable[[api_pb2.PublishRequest], None], inbox: str) -> None:
         self._publishing = publishing
         self._respond = respond
+        self._inbox = inbox  # what the acks name
         self._reroute = reroute  # a request a former leader refused unwritten, to publish again
         self._runs: list[_Run] = []
 
@@ -562,14 +617,15 @@ class _Burst:
         lane = run.forwarded
         assert lane is not None
         on_acks = functools.partial(self._acked, run.requests) if acked else None
-        self._publishing.forward_burst(lane.remote, *lane.key, run.requests, on_acks)
+        self._publishing.forward_burst(lane.remote, *lane.key, run.requests, on_acks, self._inbox)
 
     def _submit(self, local: LedPartition, run: _Run, policies: list[api_pb2.AckPolicy]) -> None:
         requests = run.requests
         try:
             self._publishing.submit_burst(local.replica, local.subject, run.records,
                                           [request.correlationId for request in requests], policies,
-                                          functools.partial(self._acked, requests), _expected_offsets(local, requests))
+                                          functools.partial(self._acked, requests), _expected_offsets(local, requests),
+                                          self._inbox)
         except Exception as exc:  # leadership ended since the requests were read
             self._acked(requests, [i for i, policy in enumerate(policies) if policy != capture.NONE], None, exc)
 

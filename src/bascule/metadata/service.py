@@ -40,6 +40,10 @@ from bascule.wire.subjects import Subjects
 log = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT = 5.0
+# How long a node waits to apply what the metadata leader had applied when it answered (a
+# follower learns of commits at the leader's next append, every APPEND_ENTRIES_PERIOD).
+CATCH_UP_WAIT = 2.0
+CATCH_UP = "catch_up"  # a request that changes nothing: the leader's answer says how far it is
 JOIN_RETRY = 0.5
 # How long a join request waits for its membership change to commit before the answer goes out
 # anyway (growing from one node, the commit needs the joiner, which starts Raft after the answer).
@@ -82,7 +86,9 @@ class MetadataService:
         await self.nc.subscribe(self.subjects.join, cb=self._on_join)
 
     async def call(self, op: str, **args: Any) -> None:
-        """Run ``op`` on the metadata leader; raises MetadataError or NoMetadataLeader."""
+        """Run ``op`` on the metadata leader; raises MetadataError or NoMetadataLeader. Once it
+        returns, this node's metadata is at least what the leader's was when it answered (bounded
+        by CATCH_UP_WAIT): what a caller changed is what it reads next, here."""
         await self._wait_for_leader()
         if self.raft.is_leader:
             return await self._execute(op, args)
@@ -92,13 +98,23 @@ class MetadataService:
             kind, payload = envelope.decode(reply.data)
             if kind != envelope.MsgType.PROPAGATED_RESPONSE:
                 raise envelope.EnvelopeError(f"unexpected {kind.name}")
-            error = _unpack(payload).get("error")
+            answer = _unpack(payload)
+            error, version = answer.get("error"), answer.get("version", 0)
+            if not isinstance(version, int):
+                raise ValueError(f"a version of {type(version).__name__}")
         except (TimeoutError, NatsError) as exc:
             raise NoMetadataLeader(f"no metadata leader answered: {exc!r}") from exc
         except (envelope.EnvelopeError, ValueError, AttributeError) as exc:
             raise NoMetadataLeader(f"malformed reply from the metadata leader: {exc}") from exc
         if error:
             raise MetadataError(*error)
+        await self.raft.watch.until(lambda: self.raft.state.version >= version, CATCH_UP_WAIT)
+
+    async def catch_up(self) -> None:
+        """Until this node's metadata is at least what the metadata leader's is now: before a
+        refusal that a change this node has not yet applied may have lifted (a stream created, or
+        made writable again, through another node)."""
+        await self.call(CATCH_UP)
 
     async def _forward(self, request: bytes) -> TransportMessage:
         """The metadata leader's reply; NoMetadataLeader as soon as Raft's leader changes: a leader that gave
@@ -143,11 +159,14 @@ class MetadataService:
         except Exception as exc:  # one request fails alone; the subscription keeps serving
             log.exception("propagated %s request failed", op)
             error = ["INTERNAL", f"{op} failed: {exc}"]
-        await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.PROPAGATED_RESPONSE, _pack({"error": error})))
+        answer = {"error": error, "version": self.raft.state.version}
+        await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.PROPAGATED_RESPONSE, _pack(answer)))
 
     async def _execute(self, op: str, args: dict[str, Any]) -> None:
         """Run a request here, the metadata leader; whoever sent it, every argument is checked
         before anything is read or proposed."""
+        if op == CATCH_UP:
+            return
         try:
             validate_request(op, args)
         except CommandError as exc:

@@ -9,6 +9,7 @@ of direct publishes costs plus reading the batch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -25,7 +26,6 @@ from bascule.wire import capture
 from bascule.wire.capture import BurstOutcome
 from bascule.wire.entry import Record
 from bascule.wire.forwarding import (
-    BATCH_HEADER,
     ErrorKind,
     ForwardedBatch,
     ForwardingError,
@@ -91,28 +91,29 @@ class Forwarder:
     # ---- the forwarding node ------------------------------------------------------------------
 
     def forward(self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
-                on_acks: BurstOutcome | None) -> None:
+                on_acks: BurstOutcome | None, inbox: str = "") -> None:
         """Send ``requests`` (to ``stream``/``partition``, led by ``leader``) in as few batches as fit
-        a NATS message; ``on_acks`` gets the framed responses of those that asked for an ack, or
-        their indices and the error (``Unforwarded``: nothing was written). Without ``on_acks``
-        nothing is awaited."""
+        a NATS message; ``on_acks`` gets the framed responses of those that asked for an ack (their
+        acks naming ``inbox``), or their indices and the error (``Unforwarded``: nothing was
+        written). Without ``on_acks`` nothing is awaited."""
         subject = forward_subject(self.namespace, leader)
-        limit = self.max_batch_bytes - BATCH_HEADER - len(stream.encode())
+        header = functools.partial(encode_header, stream, partition, inbox=inbox)
+        limit = self.max_batch_bytes - len(header(0))
         start, size, entries = 0, 0, list[bytes]()
         for index, request in enumerate(requests):
             entry = encode_entry(request.ackPolicy, request.expectedOffset, request.correlationId.encode(),
                                  request.key, request.value, dict(request.headers) if request.headers else None)
             if entries and size + len(entry) > limit:
-                self._send(subject, stream, partition, entries, requests, start, on_acks)
+                self._send(subject, header, entries, requests, start, on_acks)
                 start, size, entries = index, 0, []
             entries.append(entry)
             size += len(entry)
         if entries:
-            self._send(subject, stream, partition, entries, requests, start, on_acks)
+            self._send(subject, header, entries, requests, start, on_acks)
 
-    def _send(self, subject: str, stream: str, partition: int, entries: list[bytes],
+    def _send(self, subject: str, header: Callable[[int], bytes], entries: list[bytes],
               requests: list[api_pb2.PublishRequest], first: int, on_acks: BurstOutcome | None) -> None:
-        payload = encode_header(stream, partition, len(entries)) + b"".join(entries)
+        payload = header(len(entries)) + b"".join(entries)
         if on_acks is None:
             self._spawn(self.transport.publish(subject, payload))
             return
@@ -198,7 +199,8 @@ class Forwarder:
 
         expected = batch.expected_offsets if replica.concurrency_control else None
         try:
-            self.submit_burst(replica, local.subject, records, batch.correlation_ids, policies, on_acks, expected)
+            self.submit_burst(replica, local.subject, records, batch.correlation_ids, policies, on_acks, expected,
+                              batch.inbox)
         except (NotLeader, PartitionClosed) as exc:  # refused before anything was written
             self._reply(reply, encode_refusal(ErrorKind.NOT_LEADER, str(exc)))
             return

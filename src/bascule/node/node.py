@@ -21,6 +21,7 @@ from bascule import durable
 from bascule.config import Config
 from bascule.config.values import unauthenticated_raft_error, unshared_secret_error
 from bascule.metadata.heartbeats import NatsHeartbeats
+from bascule.metadata.placement import PlacementError, replica_count
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
 from bascule.metadata.service import join_cluster
 from bascule.metadata.state import ALREADY_EXISTS, FAILED_PRECONDITION, INVALID_ARGUMENT, MetadataState
@@ -43,7 +44,7 @@ from bascule.node.publishing import PublishPath
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import SETTING as ENCRYPTION
 from bascule.partition.encryption import MasterKey, precondition_failure
-from bascule.wire.names import CURSORS_STREAM, stream_name_error, subject_error
+from bascule.wire.names import CURSORS_STREAM, MAX_REPLICATION_FACTOR, stream_name_error, subject_error
 from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.settings import StreamDefaults
 from bascule.wire.subjects import Subjects
@@ -244,7 +245,7 @@ class Node:
         self._capture = CapturePath(self._capture_connection, core.partitions.schedule_reconcile)
         core.partitions.switch_capture = self._capture.switch
         forwarder = Forwarder(internal, clustering.namespace, self.server_id, self._raft, core.partitions)
-        self._publishing = PublishPath(self._raft, self._envelopes, forwarder)
+        self._publishing = PublishPath(self._raft, self._envelopes, forwarder, self.subjects)
         await self._publishing.start()
         await core.start()
         registration = self.tasks.spawn(self._register_broker(raft_address, clean_start), "register broker")
@@ -402,6 +403,11 @@ class Node:
                 raise MetadataError(INVALID_ARGUMENT, problem)
         if partitions < 0:
             raise MetadataError(INVALID_ARGUMENT, "partitions must be >= 0")
+        if not -1 <= replication_factor <= MAX_REPLICATION_FACTOR:  # said in Liftbridge's words, not the command's
+            try:
+                replica_count(replication_factor, len(self.state.brokers))
+            except PlacementError as exc:
+                raise MetadataError(INVALID_ARGUMENT, str(exc)) from None
         # Encryption is decided here, once, and recorded with the stream: a stream's partitions are
         # sealed or not whatever the defaults of the nodes that lead them later.
         if settings.get(ENCRYPTION, self.config.streams.encryption):
@@ -437,6 +443,9 @@ class Node:
         """This node's metadata once ``predicate`` holds of it, or as it is after ``timeout`` seconds."""
         found = await self.raft.watch.until(lambda: self.state if predicate(self.state) else None, timeout)
         return self.state if found is None else found
+
+    async def catch_up(self) -> None:
+        await self.core.metadata.catch_up()
 
     def fetch_group_assignments(self, group: str, consumer: str, epoch: int) -> tuple[int, dict[str, tuple[int, ...]]]:
         """The consumer's partitions, from this node as the group's coordinator (``GroupCoordinator``)."""

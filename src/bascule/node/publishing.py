@@ -6,6 +6,7 @@ on the partition's subject, acked to an inbox)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from functools import partial
 
@@ -20,6 +21,7 @@ from bascule.wire import capture
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject
 from bascule.wire.pb import api_pb2
+from bascule.wire.subjects import Subjects
 
 # How long a publish waits for its ack (its commit, under ack policy ALL) before the client is
 # told UNAVAILABLE; the write may still commit, as with any ack that is lost.
@@ -34,10 +36,17 @@ FORWARDING_HEADROOM = 64
 
 
 class PublishPath:
-    def __init__(self, raft: MetadataRaft, envelopes: EnvelopePublisher, forwarder: Forwarder) -> None:
+    def __init__(self, raft: MetadataRaft, envelopes: EnvelopePublisher, forwarder: Forwarder,
+                 subjects: Subjects) -> None:
         self.raft = raft
         self.envelopes = envelopes
         self.forwarder = forwarder
+        self.subjects = subjects
+
+    def new_ack_inbox(self) -> str:
+        """The ack inbox a PublishAsync call's acks name, or a Publish's that names none, as
+        Liftbridge's (this node's acks go back on the call: nobody listens on it)."""
+        return self.subjects.ack_inbox(secrets.token_hex(11))
 
     async def start(self) -> None:
         """Serve the bursts other nodes forward to the partitions this node leads."""
@@ -61,21 +70,22 @@ class PublishPath:
 
     def forward_burst(
         self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
-        on_acks: capture.BurstOutcome | None,
+        on_acks: capture.BurstOutcome | None, inbox: str = "",
     ) -> None:
         """Forward a burst of API publishes to the partition's leader, ``leader``; ``on_acks`` as
         ``submit_burst``'s (``wire.forwarding.Unforwarded`` when the leader wrote none of them)."""
-        self.forwarder.forward(leader, stream, partition, requests, on_acks)
+        self.forwarder.forward(leader, stream, partition, requests, on_acks, inbox)
 
     def submit(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        on_ack: capture.AckOutcome, expected_offset: int = NO_EXPECTATION,
+        on_ack: capture.AckOutcome, expected_offset: int = NO_EXPECTATION, inbox: str = "",
     ) -> None:
         """Append to a partition this node leads, whose messages carry ``subject``; ``on_ack``
-        gets the ack once written (committed, under ack policy ALL), or the error (IncorrectOffset:
-        the partition checks expected offsets and the record would not get ``expected_offset``)."""
+        gets the ack (naming ``inbox``) once written (committed, under ack policy ALL), or the error
+        (IncorrectOffset: the partition checks expected offsets and the record would not get
+        ``expected_offset``)."""
         reception = time.time_ns()
-        request = capture.AckRequest("", correlation_id, policy, subject)
+        request = capture.AckRequest(inbox, correlation_id, policy, subject)
 
         def ackable(offset: int | None, error: BaseException | None) -> None:
             if error is not None or offset is None:
@@ -95,11 +105,12 @@ class PublishPath:
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
         policies: list[api_pb2.AckPolicy], on_acks: capture.BurstOutcome, expected_offsets: list[int] | None = None,
+        inbox: str = "",
     ) -> None:
         """Append the records of a burst of API publishes (``records[i]`` published with
         ``correlation_ids[i]`` and ack policy ``policies[i]``, expecting offset
         ``expected_offsets[i]``) to a partition this node leads, in one write with one callback;
-        ``on_acks`` gets the gRPC-framed PublishResponses of the acked ones, those acked on write
+        ``on_acks`` gets the gRPC-framed PublishResponses of the acked ones (naming ``inbox``), those acked on write
         and those acked on commit in separate calls, or their indices and the error. A partition
         that checks expected offsets takes each record alone, as Liftbridge's does: a record
         refused (IncorrectOffset) takes none of the others with it."""
@@ -107,7 +118,7 @@ class PublishPath:
             for index, record in enumerate(records):
                 alone = None if expected_offsets is None else expected_offsets[index:index + 1]
                 self.submit_burst(replica, subject, [record], correlation_ids[index:index + 1],
-                                  policies[index:index + 1], partial(_reindexed, on_acks, index), alone)
+                                  policies[index:index + 1], partial(_reindexed, on_acks, index), alone, inbox)
             return
         reception = time.time_ns()
         acked = [index for index, policy in enumerate(policies) if policy != capture.NONE]
@@ -122,7 +133,7 @@ class PublishPath:
             else:
                 on_acks(group, capture.publish_responses(
                     replica.stream, subject, policy, first, group, [correlation_ids[index] for index in group],
-                    reception, time.time_ns()), None)
+                    reception, time.time_ns(), inbox), None)
 
         def written(first: int | None, error: BaseException | None) -> None:
             if error is not None or first is None:
@@ -138,11 +149,11 @@ class PublishPath:
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,
-        expected_offset: int = NO_EXPECTATION,
+        expected_offset: int = NO_EXPECTATION, inbox: str = "",
     ) -> api_pb2.Ack:
         """``submit``, awaited."""
         acked: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
-        self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked), expected_offset)
+        self.submit(replica, subject, record, policy, correlation_id, partial(settle, acked), expected_offset, inbox)
         return await asyncio.wait_for(acked, ACK_TIMEOUT)
 
     async def publish_to_subject(

@@ -187,12 +187,13 @@ def publish_responses(
     correlation_ids: list[str],
     reception_ns: int,
     commit_ns: int,
+    inbox: str = "",
 ) -> bytes:
     """gRPC-framed PublishResponses acking the records ``indices`` of a burst of API publishes to
     ``subject`` with ack policy ``policy`` (``correlation_ids[i]`` is ``indices[i]``'s), whose first
-    record is at ``first_offset``. In C when built."""
+    record is at ``first_offset``, their acks naming ``inbox``. In C when built."""
     shared = api_pb2.Ack(
-        stream=stream, partitionSubject=subject, msgSubject=subject, ackPolicy=policy,
+        stream=stream, partitionSubject=subject, msgSubject=subject, ackPolicy=policy, ackInbox=inbox,
         receptionTimestamp=reception_ns, commitTimestamp=commit_ns,
     ).SerializeToString()
     if native is None:

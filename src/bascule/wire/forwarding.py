@@ -7,7 +7,8 @@ publishes, and answers once every publish that asked for an ack is acked or fail
 gRPC-framed PublishResponses it would have sent its own client: the forwarding node passes them on
 untouched. Big-endian throughout.
 
-    batch:  version (1) | partition (4) | count (4) | stream length (2) | stream
+    batch:  version (1) | partition (4) | count (4) | stream length (2) | stream | inbox length (2)
+            | inbox (the ack inbox the acks name: the forwarding node's client call's)
             then per publish: ack policy (1) | expected offset (8, signed) | correlation id length (2)
             | key length (4) | value length (4) | header count (2) | correlation id | key | value
             | per header: name length (2) | value length (4) | name | value
@@ -33,12 +34,12 @@ _HEADER = struct.Struct(">HI")
 _REPLY = struct.Struct(">BB")
 _PART = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
 _KIND = struct.Struct(">B")
 ANSWERED, REFUSED = 0, 1
 ACKED, FAILED = 0, 1
 MAX_POLICY = 2  # Liftbridge's AckPolicy values: LEADER 0, ALL 1, NONE 2
 MAX_HEADERS = 0xFFFF
-BATCH_HEADER = _BATCH.size  # before the stream name
 ENTRY_OVERHEAD = _ENTRY.size
 
 
@@ -83,6 +84,7 @@ class ForwardedBatch:
     keys: list[bytes]
     values: list[bytes]
     headers: list[dict[str, bytes] | None]
+    inbox: str = ""
 
 
 @dataclass(slots=True)
@@ -103,11 +105,12 @@ def entry_size(key: bytes, value: bytes, correlation_id: bytes, headers: dict[st
     return size
 
 
-def encode_header(stream: str, partition: int, count: int) -> bytes:
-    encoded = stream.encode()
-    if len(encoded) > 0xFFFF:
-        raise ForwardingError("stream name too long to forward")
-    return _BATCH.pack(VERSION, partition, count, len(encoded)) + encoded
+def encode_header(stream: str, partition: int, count: int, inbox: str = "") -> bytes:
+    encoded, encoded_inbox = stream.encode(), inbox.encode()
+    if len(encoded) > 0xFFFF or len(encoded_inbox) > 0xFFFF:
+        raise ForwardingError("stream name or ack inbox too long to forward")
+    return b"".join((_BATCH.pack(VERSION, partition, count, len(encoded)), encoded,
+                     _U16.pack(len(encoded_inbox)), encoded_inbox))
 
 
 def encode_entry(policy: int, expected_offset: int, correlation_id: bytes, key: bytes, value: bytes,
@@ -134,7 +137,13 @@ def decode_batch(data: bytes) -> ForwardedBatch:
     at = _BATCH.size
     stream = _text(view, at, stream_length, "stream name")
     at += stream_length
-    batch = ForwardedBatch(stream, partition, [], [], [], [], [], [])
+    if at + _U16.size > len(data):
+        raise ForwardingError("batch cut short before its ack inbox")
+    (inbox_length,) = _U16.unpack_from(data, at)
+    at += _U16.size
+    inbox = _text(view, at, inbox_length, "ack inbox")
+    at += inbox_length
+    batch = ForwardedBatch(stream, partition, [], [], [], [], [], [], inbox)
     if count > (len(data) - at) // _ENTRY.size:
         raise ForwardingError(f"batch claims {count} publishes in {len(data) - at} bytes")
     policies, expected, ids, keys, values, headers = (batch.policies, batch.expected_offsets, batch.correlation_ids,

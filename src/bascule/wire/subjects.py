@@ -15,6 +15,11 @@ class Subjects:
     def epoch_offset(self, stream: str, partition: int) -> str:
         return f"{self.namespace}.{stream}.{partition}.offset"
 
+    def ack_inbox(self, token: str) -> str:
+        """An ack inbox's name, Liftbridge's form (``<ns>.ack.<token>``, a random token): what the
+        acks of a PublishAsync call, or of a Publish that names no inbox, say they were sent to."""
+        return f"{self.namespace}.ack.{token}"
+
     def notify(self, server_id: str) -> str:
         return f"{self.namespace}.notify.{server_id}"
 
