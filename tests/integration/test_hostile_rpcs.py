@@ -108,6 +108,9 @@ async def call(stub, rpc: str, request) -> grpc.StatusCode:
     except grpc.aio.AioRpcError as exc:
         if rpc == "Subscribe" and request.reverse and (exc.code(), exc.details()) == (grpc.StatusCode.UNKNOWN, "EOF"):
             return grpc.StatusCode.OK  # how a reverse read ends past the oldest message, in Liftbridge's words
+        if rpc == "PublishToSubject" and (exc.code(), exc.details()) == (grpc.StatusCode.UNKNOWN,
+                                                                         "context deadline exceeded"):
+            return grpc.StatusCode.DEADLINE_EXCEEDED  # no ack came before the deadline, in Liftbridge's words
         return exc.code()
     return grpc.StatusCode.OK
 
