@@ -30,8 +30,9 @@ ACK_TIMEOUT = 30.0
 # one fsync and one replication round serve a whole window of them instead of one each.
 API_WRITE_LINGER = 0.0005
 # What a batch of one adds to a PublishRequest's size (its header and fixed fields; the stream
-# name and every variable field are counted in the request's size already).
+# name and every variable field are counted in the request's size already), besides the ack inbox.
 FORWARDING_HEADROOM = 64
+ACK_INBOX_TOKEN_BYTES = 11  # random bytes of an ack inbox's name, in hex
 
 
 
@@ -46,7 +47,7 @@ class PublishPath:
     def new_ack_inbox(self) -> str:
         """The ack inbox a PublishAsync call's acks name, or a Publish's that names none, as
         Liftbridge's (this node's acks go back on the call: nobody listens on it)."""
-        return self.subjects.ack_inbox(secrets.token_hex(11))
+        return self.subjects.ack_inbox(secrets.token_hex(ACK_INBOX_TOKEN_BYTES))
 
     async def start(self) -> None:
         """Serve the bursts other nodes forward to the partitions this node leads."""
@@ -66,7 +67,8 @@ class PublishPath:
     def max_forwarded_bytes(self) -> int:
         """The largest publish request forwarded in a burst (with its batch's header, it fits one
         NATS message); a bigger one goes as an envelope."""
-        return self.forwarder.max_batch_bytes - FORWARDING_HEADROOM
+        inbox = self.subjects.ack_inbox("0" * 2 * ACK_INBOX_TOKEN_BYTES)
+        return self.forwarder.max_batch_bytes - FORWARDING_HEADROOM - len(inbox.encode())
 
     def forward_burst(
         self, leader: str, stream: str, partition: int, requests: list[api_pb2.PublishRequest],
