@@ -44,10 +44,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from docker import version as docker_api_version
-from docker.types import EndpointConfig
-from testcontainers.core.container import DockerContainer
-from testcontainers.core.network import Network
+
+try:
+    from docker import version as docker_api_version
+    from docker.types import EndpointConfig
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+except ImportError as missing:  # not in a plain install: say which extra brings it
+    raise ImportError(f"bascule.testing.containers needs testcontainers: pip install 'bascule[testing]' ({missing})"
+                      ) from missing
 
 from bascule.client import ClientTls
 from bascule.testing.ports import LOOPBACK, free_port
