@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 import time
-import zlib
 from collections import Counter
 
 import pytest
@@ -25,7 +24,7 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 import nats  # noqa: E402
 
-from bascule.client import Client  # noqa: E402
+from bascule.client import Client, partition_by_key  # noqa: E402
 from bascule.spark import BasculeDataSource, BasculeSparkError  # noqa: E402
 from bascule.spark.planning import OffsetRange  # noqa: E402
 from bascule.testing.local import LocalCluster  # noqa: E402
@@ -508,13 +507,37 @@ def test_a_write_lands_in_order_per_partition_and_reads_back_equal(spark, broker
             assert idents == sorted(idents), f"partition {partition} out of order"
     assert sorted(i for pairs in by_partition.values() for _, i in pairs) == list(range(rows))
 
-    # Without a partition column: Liftbridge's key partitioner (CRC-32 of the key), string values.
+    assert sorted(i for pairs in by_partition.values() for _, i in pairs) == list(range(rows))
+
+
+def write(df, broker: str, stream: str) -> None:
+    df.write.format("bascule").mode("append").option("brokers", broker).option("stream", stream).save()
+
+
+@spark_test
+def test_the_sink_partitions_as_kafkas_a_partition_column_then_the_key_then_round_robin(spark, broker):
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    run(create(broker, "spread", "spread.in", partitions=3))
+    keyless = spark.range(0, 300, 1, numPartitions=2).selectExpr("concat('n', id) as value")
+    write(keyless, broker, "spread")
     keyed = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(60)], "key string, value string")
-    keyed.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
-    after = json.dumps({"sink": {str(p): len(pairs) for p, pairs in by_partition.items()}})
-    again = reader(spark, broker, stream="sink", startingOffsets=after).toArrow().to_pydict()
-    placed = dict(zip(again["value"], again["partition"]))
-    assert placed == {f"v{i}".encode(): zlib.crc32(f"k{i}".encode()) % 3 for i in range(60)}
+    write(keyed, broker, "spread")
+    chosen = spark.createDataFrame([("k1", "c1", 2), (None, "c2", 1)], "key string, value string, partition int")
+    write(chosen, broker, "spread")
+
+    back = reader(spark, broker, stream="spread").toArrow().to_pydict()
+    placed = dict(zip((v.decode() for v in back["value"]), back["partition"]))
+    spread = Counter(p for v, p in placed.items() if v.startswith("n"))
+    assert len(placed) == 362 and spread == {0: 100, 1: 100, 2: 100}  # each task's 150 rows in turn
+    assert {v: p for v, p in placed.items() if v.startswith("v")} == {
+        f"v{i}": partition_by_key("spread", f"k{i}".encode(), b"", 3) for i in range(60)
+    }
+    assert (placed["c1"], placed["c2"]) == (2, 1)
+    beyond = spark.createDataFrame([("x", 3)], "value string, partition int")
+    with pytest.raises((PySparkException, Py4JJavaError), match=r"cannot write to partition 3 of stream 'spread'"):
+        write(beyond, broker, "spread")
 
 
 @spark_test

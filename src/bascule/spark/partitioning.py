@@ -1,27 +1,25 @@
-"""Which partition each written row goes to, as pure rules: the row's own partition (checked), or
-the partitioner's: Liftbridge's PartitionByKey, or round robin."""
+"""Which partition each written row goes to, as pure rules, as Kafka's sink decides: the row's own
+partition (checked) wins; else the key's hash with go-liftbridge's key partitioner (bascule's
+client's, so that Spark and clients put a key in the same partition); else round robin."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
 
+from bascule.client.partitioners import RoundRobin, partition_by_key
 from bascule.spark.errors import BasculeSparkError
 
 
-def key_partition(key: bytes | None, count: int) -> int:
-    """Liftbridge's PartitionByKey: CRC-32 (IEEE) of the key, modulo the partition count; no key
-    hashes as the empty key."""
-    return zlib.crc32(key or b"") % count if count > 0 else 0
-
-
 class Partitioner:
-    """The partitioner of one task (`kind` "key" or "roundrobin"); round robin goes on from batch
-    to batch."""
+    """The partitioner of one task. `kind` "key": keyed rows by their key's hash, keyless rows round
+    robin; "roundrobin": every row round robin. Round robin goes on from batch to batch, and starts
+    at `first` (modulo the partition count): tasks that start at different places spread a few rows
+    each over every partition instead of all into partition 0."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, first: int = 0) -> None:
         self.kind = kind
-        self._next_round_robin = 0
+        self.first = first
+        self._round_robin = RoundRobin()
 
     def group(
         self,
@@ -45,7 +43,6 @@ class Partitioner:
                     f"cannot write to partition {partition} of stream {stream!r}: it has partitions 0..{count - 1}"
                 )
             return partition
-        if self.kind == "roundrobin":
-            self._next_round_robin += 1
-            return (self._next_round_robin - 1) % count
-        return key_partition(key, count)
+        if key is not None and self.kind == "key":
+            return partition_by_key(stream, key, b"", count)
+        return (self._round_robin(stream, key, b"", count) + self.first) % count

@@ -5,6 +5,7 @@ and the acks are counted."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -62,7 +63,8 @@ class Publisher:
         self.client = client
         self.ack_policy = ack_policy
         self.batch_size = batch_size
-        self.partitioner = Partitioner(partitioner)
+        # A random start per task: see Partitioner.
+        self.partitioner = Partitioner(partitioner, first=random.randrange(1 << 16))
         self.partition_counts: dict[str, int] = {}
         self.published: Published = {}
 
