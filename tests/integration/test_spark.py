@@ -213,6 +213,14 @@ def test_option_errors_reach_the_user_clearly(spark, broker, batch_stream):
         reader(spark, broker, stream="orders", startingOffsets="{not json").count()
     with pytest.raises(errors, match="stream 'nope' does not exist"):
         reader(spark, broker, stream="nope").count()
+    with pytest.raises(errors, match="give exactly one of .*; got stream, subscribe"):
+        reader(spark, broker, stream="orders", subscribe="orders").count()
+    with pytest.raises(errors, match="unknown option 'colour'"):
+        reader(spark, broker, stream="orders", colour="blue").count()
+    with pytest.raises(errors, match="take no path here"):
+        spark.read.format("bascule").option("brokers", broker).option("stream", "orders").load("orders").count()
+    no_headers = reader(spark, broker, subscribe="orders", includeHeaders="false")
+    assert "headers" not in no_headers.columns and no_headers.count() == 3 * PER_PARTITION
 
 
 def plan(broker: str, **options) -> list[OffsetRange]:

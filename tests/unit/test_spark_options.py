@@ -46,11 +46,24 @@ BASE = {"brokers": "h:1", "stream": "s"}  # the least a read needs
         ({"brokers": "h:1", "assign": '{"s": [0]}', "endingOffsets": '{"s": {"1": 5}}'},
          r"name partitions \[1\] of 's', which assign does not"),
         ({**BASE, "failOnDataLoss": "yes"}, "must be 'true' or 'false'"),
-        ({**BASE, "maxMessagesPerTrigger": "0"}, "must be >= 1"),
         ({**BASE, "minPartitions": "two"}, "minPartitions must be an integer, got 'two'"),
         ({**BASE, "pollTimeoutMs": "-1"}, "pollTimeoutMs must be >= 1, got -1"),
         ({**BASE, "startingOffsetsByTimestampStrategy": "skip"}, "must be one of error, latest"),
         ({**BASE, "startingOffset": "earliest"}, "did you mean 'startingOffsets'"),
+        ({**BASE, "colour": "blue"}, r"unknown option 'colour' \(docs/spark.md lists the options\)"),
+        ({**BASE, "subscribe": "s"}, "give exactly one of .*; got stream, subscribe"),
+        ({**BASE, "subscribePattern": "s.*"}, "got stream, subscribePattern"),
+        ({"brokers": "h:1", "subscribe": "s", "assign": '{"s": [0]}'}, "got subscribe, assign"),
+        ({**BASE, "includeHeaders": "maybe"}, "includeHeaders must be 'true' or 'false'"),
+        ({**BASE, "maxMessagesPerTrigger": "5"}, "maxMessagesPerTrigger is for streaming queries only"),
+        ({**BASE, "minOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger is for streaming queries only"),
+        ({**BASE, "path": "orders"}, "load\\(\\) and save\\(\\) take no path here: name the stream"),
+        ({**BASE, "kafka.bootstrap.servers": "h:9092"}, "has no meaning for bascule: use 'brokers'"),
+        ({**BASE, "kafka.security.protocol": "SSL"}, "configures Kafka's client.*'tlsCa'"),
+        ({**BASE, "groupIdPrefix": "g"}, "offsets live in Spark's checkpoint, not in a consumer group"),
+        ({**BASE, "kafkaConsumer.pollTimeoutMs": "5"}, "use 'pollTimeoutMs'"),
+        ({**BASE, "fetchOffset.numRetries": "3"}, "retried on every broker"),
+        ({**BASE, "ackPolicy": "all"}, "ackPolicy is an option of writes only"),
     ],
 )
 def test_read_option_errors(options, message):
@@ -65,12 +78,48 @@ def test_batch_read_defaults():
     )
 
 
-def test_option_names_are_case_insensitive_and_unrelated_options_are_ignored():
+def test_option_names_are_case_insensitive_and_sparks_own_options_pass():
     o = parse_read_options(
-        {"BROKERS": "a:1", "STREAM": "s, t ,s", "checkpointLocation": "/tmp/x", "someOtherThing": "1"},
-        streaming=False,
+        {"BROKERS": "a:1", "STREAM": "s, t ,s", "checkpointLocation": "/tmp/x", "queryName": "q"}, streaming=False
     )
     assert (o.brokers, o.selection.streams) == (("a:1",), ("s", "t"))
+
+
+def test_kafkas_subscribe_and_subscribe_pattern_are_stream_and_stream_pattern():
+    subscribed = parse_read_options({"brokers": "a:1", "subscribe": "s,t"}, streaming=False)
+    assert subscribed.selection == parse_read_options({"brokers": "a:1", "stream": "s,t"}, streaming=False).selection
+    pattern = parse_read_options({"brokers": "a:1", "subscribePattern": "s.*"}, streaming=True)
+    assert pattern.selection.pattern == "s.*"
+
+
+def test_include_headers_is_true_unless_set_false():
+    assert parse_read_options(BASE, streaming=False).include_headers
+    assert not parse_read_options({**BASE, "includeHeaders": "FALSE"}, streaming=False).include_headers
+
+
+def test_trigger_limits_take_kafkas_names_and_times():
+    o = parse_read_options({**BASE, "minOffsetsPerTrigger": "100", "maxOffsetsPerTrigger": "500"}, streaming=True)
+    assert (o.min_messages_per_trigger, o.max_messages_per_trigger, o.max_trigger_delay_ms) == (100, 500, 900_000)
+    for text, ms in [("30s", 30_000), ("2m", 120_000), ("1h", 3_600_000), ("250ms", 250), ("250", 250)]:
+        delayed = parse_read_options({**BASE, "minMessagesPerTrigger": "1", "maxTriggerDelay": text}, streaming=True)
+        assert delayed.max_trigger_delay_ms == ms
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"maxMessagesPerTrigger": "5", "maxOffsetsPerTrigger": "6"}, "are the same option: give one"),
+        ({"minMessagesPerTrigger": "5", "minOffsetsPerTrigger": "6"}, "are the same option: give one"),
+        ({"minOffsetsPerTrigger": "0"}, "minOffsetsPerTrigger must be >= 1"),
+        ({"maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger must be >= 1"),
+        ({"maxTriggerDelay": "5m"}, "maxTriggerDelay bounds the wait for minOffsetsPerTrigger, which is not set"),
+        ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"}, "must be a time such as '15m'"),
+        ({"endingOffsets": "latest"}, "endingOffsets is for batch queries only"),
+    ],
+)
+def test_streaming_option_errors(options, message):
+    with pytest.raises(BasculeSparkError, match=message):
+        parse_read_options({**BASE, **options}, streaming=True)
 
 
 def test_per_partition_offsets_and_timestamps():
@@ -101,13 +150,9 @@ def test_streaming_and_write_options():
     )
     s = parse_read_options({"brokers": "a:1", "stream": "s", "startingOffsets": '{"s": {"0": -1}}'}, streaming=True)
     assert dict(s.starting.offsets) == {"s": {0: LATEST}}
-    with pytest.raises(BasculeSparkError, match="endingOffsets is for batch queries only"):
-        parse_read_options({"brokers": "a:1", "stream": "s", "endingOffsets": "latest"}, streaming=True)
     w = parse_write_options({"brokers": "a:1", "stream": "s", "ackPolicy": "LEADER"})
     assert (w.ack_policy, w.partitioner, w.write_batch_size) == ("leader", "key", 1000)
-    assert parse_write_options({"brokers": "a:1"}).stream is None
-    # A read option on a writer is no near miss of a write option: ignored, as any unrelated option.
-    assert parse_write_options({"brokers": "a:1", "startingOffsets": "earliest"}).stream is None
+    assert parse_write_options({"brokers": "a:1", "checkpointLocation": "/c", "queryName": "q"}).stream is None
 
 
 @pytest.mark.parametrize(
@@ -120,6 +165,11 @@ def test_streaming_and_write_options():
         ({"brokers": "a:1", "stream": "a,b"}, "'stream' names several"),
         ({"brokers": "a:1", "ackPolicies": "all"}, "unknown option 'ackpolicies'; did you mean 'ackPolicy'"),
         ({"stream": "s"}, "the option 'brokers' is required"),
+        ({"brokers": "a:1", "startingOffsets": "earliest"}, "startingOffsets is an option of reads only"),
+        ({"brokers": "a:1", "includeHeaders": "true"}, "includeHeaders is an option of reads only"),
+        ({"brokers": "a:1", "topic": "t"}, "has no meaning for bascule: use 'stream'"),
+        ({"brokers": "a:1", "path": "/out"}, "take no path here"),
+        ({"brokers": "a:1", "kafka.acks": "all"}, "configures Kafka's client"),
     ],
 )
 def test_write_option_errors(options, message):

@@ -20,7 +20,7 @@ from pyspark.sql.types import (  # noqa: E402
 from bascule.spark import SCHEMA, SCHEMA_DDL  # noqa: E402
 from bascule.spark.arrow import SinkColumns  # noqa: E402
 from bascule.spark.errors import BasculeSparkError  # noqa: E402
-from bascule.spark.schema import read_schema, sink_columns  # noqa: E402
+from bascule.spark.schema import read_schema, sink_columns, source_schema  # noqa: E402
 
 
 def schema(**columns) -> StructType:
@@ -82,3 +82,11 @@ def test_a_write_needs_a_stream_option_or_column():
     with pytest.raises(BasculeSparkError, match="say where to write: the option 'stream', or a 'stream' column"):
         sink_columns(schema(value=BinaryType()), None)
     assert sink_columns(schema(value=BinaryType(), stream=StringType()), None).stream
+
+
+def test_include_headers_false_leaves_the_headers_column_out():
+    assert source_schema(True) == SCHEMA
+    assert source_schema(False).fieldNames() == [n for n in SCHEMA.fieldNames() if n != "headers"]
+    assert read_schema(source_schema(False), include_headers=False) == source_schema(False)
+    with pytest.raises(BasculeSparkError, match="the schema names the column 'headers', but includeHeaders is false"):
+        read_schema(SCHEMA, include_headers=False)

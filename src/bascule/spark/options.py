@@ -23,28 +23,46 @@ PARTITIONERS = ("key", "roundrobin")
 TIMESTAMP_STRATEGIES = ("error", "latest")
 
 READ_OPTIONS = {
-    "brokers", "stream", "streampattern", "assign",
+    "brokers", "stream", "subscribe", "streampattern", "subscribepattern", "assign",
     "startingoffsets", "endingoffsets",
     "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
     "endingtimestamp", "endingoffsetsbytimestamp",
-    "maxmessagespertrigger", "maxoffsetspertrigger", "minpartitions", "maxrecordsperpartition",
-    "failondataloss", "readisrreplica", "polltimeoutms", "requesttimeoutms", "maxbatchrows",
+    "maxmessagespertrigger", "maxoffsetspertrigger", "minmessagespertrigger", "minoffsetspertrigger",
+    "maxtriggerdelay", "minpartitions", "maxrecordsperpartition",
+    "failondataloss", "readisrreplica", "polltimeoutms", "requesttimeoutms", "maxbatchrows", "includeheaders",
     "tlsca", "tlscert", "tlskey",
+}
+STREAMING_ONLY = {
+    "maxmessagespertrigger", "maxoffsetspertrigger", "minmessagespertrigger", "minoffsetspertrigger", "maxtriggerdelay",
 }
 WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "requesttimeoutms",
                  "tlsca", "tlscert", "tlskey"}
-# Options Spark itself passes along with the user's; never reported as unknown.
-SPARK_OPTIONS = {"path", "paths", "checkpointlocation", "queryname"}
+# Spark's own options, which reach a streaming sink along with the user's.
+SPARK_OPTIONS = {"checkpointlocation", "queryname"}
 CANONICAL = {
     name.lower(): name
     for name in (
-        "brokers stream streamPattern assign startingOffsets endingOffsets startingTimestamp "
-        "startingOffsetsByTimestamp startingOffsetsByTimestampStrategy endingTimestamp endingOffsetsByTimestamp "
-        "maxMessagesPerTrigger maxOffsetsPerTrigger minPartitions maxRecordsPerPartition failOnDataLoss "
-        "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows ackPolicy partitioner writeBatchSize "
-        "tlsCa tlsCert tlsKey"
+        "brokers stream subscribe streamPattern subscribePattern assign startingOffsets endingOffsets "
+        "startingTimestamp startingOffsetsByTimestamp startingOffsetsByTimestampStrategy endingTimestamp "
+        "endingOffsetsByTimestamp maxMessagesPerTrigger maxOffsetsPerTrigger minMessagesPerTrigger "
+        "minOffsetsPerTrigger maxTriggerDelay minPartitions maxRecordsPerPartition failOnDataLoss "
+        "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows includeHeaders ackPolicy partitioner "
+        "writeBatchSize tlsCa tlsCert tlsKey"
     ).split()
 }
+# Options of Spark's Kafka source and sink that mean nothing to bascule, and what to do instead.
+_RETRIED = "leave it out: metadata calls are retried on every broker, each within 'requestTimeoutMs'"
+INSTEAD_OF_KAFKAS = {
+    "kafka.bootstrap.servers": "use 'brokers' (host:port gRPC addresses of bascule nodes)",
+    "topic": "use 'stream'",
+    "groupidprefix": "leave it out: a query's offsets live in Spark's checkpoint, not in a consumer group",
+    "kafkaconsumer.polltimeoutms": "use 'pollTimeoutMs'",
+    "fetchoffset.numretries": _RETRIED,
+    "fetchoffset.retryintervalms": _RETRIED,
+}
+KAFKA_CLIENT_PREFIX = "kafka."
+NO_PATH = "load() and save() take no path here: name the stream with the option 'stream'"
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's 15m
 
 
 # ---- offsets specifications ----------------------------------------------------------------------
@@ -158,14 +176,25 @@ class Selection:
         return name in self.streams
 
 
+# Kafka's names for the same choices.
+SELECTION_ALIASES = {"subscribe": "stream", "subscribepattern": "streampattern"}
+
+
 def _selection(options: Mapping[str, str]) -> Selection:
-    given = [name for name in ("stream", "streampattern", "assign") if options.get(name, "").strip()]
+    given = [
+        name for name in ("stream", "subscribe", "streampattern", "subscribepattern", "assign")
+        if options.get(name, "").strip()
+    ]
     if len(given) != 1:
         named = ", ".join(CANONICAL[name] for name in given) or "none"
         raise BasculeSparkError(
-            f"give exactly one of the options 'stream' (a name or comma list), 'streamPattern' (a regex) "
-            f"or 'assign' (JSON {{\"stream\": [0, 1]}}); got {named}"
+            f"give exactly one of the options 'stream' (a name or comma list; Kafka's 'subscribe' is the same), "
+            f"'streamPattern' (a regex; or 'subscribePattern') or 'assign' (JSON {{\"stream\": [0, 1]}}); "
+            f"got {named}"
         )
+    if given[0] in SELECTION_ALIASES:
+        options = {**options, SELECTION_ALIASES[given[0]]: options[given[0]]}
+        given = [SELECTION_ALIASES[given[0]]]
     if given[0] == "stream":
         streams = tuple(dict.fromkeys(s.strip() for s in options["stream"].split(",") if s.strip()))
         return Selection(streams=streams)
@@ -202,13 +231,52 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {str(k).lower(): "" if v is None else str(v) for k, v in dict(options).items()}
 
 
-def _check_names(options: Mapping[str, str], known: set[str]) -> None:
+def _check_names(options: Mapping[str, str], known: set[str], other: set[str], other_kind: str) -> None:
+    """Every option must be one of `known` (or Spark's); `other` holds those of `other_kind`
+    (reads or writes), named as such when given to the wrong one."""
     for name in options:
-        if name in known or name in SPARK_OPTIONS:
-            continue
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
-        if close:
-            raise BasculeSparkError(f"unknown option {name!r}; did you mean {CANONICAL.get(close[0], close[0])!r}?")
+        if name not in known and name not in SPARK_OPTIONS:
+            raise BasculeSparkError(_unknown(name, known, other, other_kind))
+
+
+def _unknown(name: str, known: set[str], other: set[str], other_kind: str) -> str:
+    if name in ("path", "paths"):
+        return NO_PATH
+    if name in INSTEAD_OF_KAFKAS:
+        return f"option {name!r} of Spark's Kafka connector has no meaning for bascule: {INSTEAD_OF_KAFKAS[name]}"
+    if name.startswith(KAFKA_CLIENT_PREFIX):
+        return (
+            f"option {name!r} configures Kafka's client, which bascule does not use: the brokers are 'brokers', "
+            "the TLS files 'tlsCa', 'tlsCert', 'tlsKey', the deadline of each call 'requestTimeoutMs'"
+        )
+    if name in other:
+        return f"{CANONICAL[name]} is an option of {other_kind} only"
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    if close:
+        return f"unknown option {name!r}; did you mean {CANONICAL.get(close[0], close[0])!r}?"
+    return f"unknown option {name!r} (docs/spark.md lists the options)"
+
+
+def _aliased_int(options: Mapping[str, str], name: str, alias: str) -> int | None:
+    """An integer option that Kafka's name `alias` may give instead, but not both."""
+    if options.get(name, "").strip() and options.get(alias, "").strip():
+        raise BasculeSparkError(f"{CANONICAL[name]} and {CANONICAL[alias]} are the same option: give one")
+    return _int(options, name if options.get(name, "").strip() else alias, None, 1)
+
+
+_DURATION = re.compile(r"(\d+)\s*(us|ms|s|m|min|h|d)?")
+_MS_PER_UNIT = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(options: Mapping[str, str], name: str, default: int) -> int:
+    """A time as Spark writes them (Kafka's maxTriggerDelay): "15m", "30s", "500ms"; a bare number is ms."""
+    text = options.get(name, "").strip().lower()
+    if not text:
+        return default
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise BasculeSparkError(f"{CANONICAL[name]} must be a time such as '15m', '30s' or '500ms', got {text!r}")
+    return int(int(match[1]) * _MS_PER_UNIT[match[2] or "ms"])
 
 
 @overload
@@ -286,6 +354,8 @@ class ReadOptions:
     ending: OffsetSpec
     timestamp_strategy: str = "error"
     max_messages_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
     fail_on_data_loss: bool = True
@@ -293,6 +363,7 @@ class ReadOptions:
     poll_timeout_ms: int = 120_000
     request_timeout_ms: int = 30_000
     max_batch_rows: int = 10_000
+    include_headers: bool = True
     tls: TlsFiles | None = None
 
     @property
@@ -302,23 +373,27 @@ class ReadOptions:
 
 def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     options = _lower(raw)
-    _check_names(options, READ_OPTIONS)
+    _check_names(options, READ_OPTIONS, WRITE_OPTIONS, "writes")
+    if not streaming:
+        _refuse_streaming_only(options)
     brokers = _brokers(options)
     selection = _selection(options)
     starting = _starting(options, streaming)
     ending = _ending(options, streaming)
     _check_selected(starting, "starting offsets", selection)
     _check_selected(ending, "ending offsets", selection)
-    max_per_trigger = _int(options, "maxmessagespertrigger", None, 1)
-    if max_per_trigger is None:
-        max_per_trigger = _int(options, "maxoffsetspertrigger", None, 1)
+    min_per_trigger = _aliased_int(options, "minmessagespertrigger", "minoffsetspertrigger")
+    if min_per_trigger is None and options.get("maxtriggerdelay", "").strip():
+        raise BasculeSparkError("maxTriggerDelay bounds the wait for minOffsetsPerTrigger, which is not set")
     return ReadOptions(
         brokers=brokers,
         selection=selection,
         starting=starting,
         ending=ending,
         timestamp_strategy=_choice(options, "startingoffsetsbytimestampstrategy", TIMESTAMP_STRATEGIES, "error"),
-        max_messages_per_trigger=max_per_trigger,
+        max_messages_per_trigger=_aliased_int(options, "maxmessagespertrigger", "maxoffsetspertrigger"),
+        min_messages_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=_duration_ms(options, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
         min_partitions=_int(options, "minpartitions", None, 1),
         max_records_per_partition=_int(options, "maxrecordsperpartition", None, 1),
         fail_on_data_loss=_bool(options, "failondataloss", True),
@@ -326,8 +401,20 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         poll_timeout_ms=_int(options, "polltimeoutms", 120_000, 1),
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
         max_batch_rows=_int(options, "maxbatchrows", 10_000, 1),
+        include_headers=includes_headers(options),
         tls=_tls(options),
     )
+
+
+def includes_headers(raw: Mapping[str, str]) -> bool:
+    """Whether a read has the `headers` column: Kafka's `includeHeaders`, but true unless set."""
+    return _bool(_lower(raw), "includeheaders", True)
+
+
+def _refuse_streaming_only(options: Mapping[str, str]) -> None:
+    for name in sorted(STREAMING_ONLY):
+        if options.get(name, "").strip():
+            raise BasculeSparkError(f"{CANONICAL[name]} is for streaming queries only; a batch query reads its range")
 
 
 def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
@@ -394,7 +481,7 @@ class WriteOptions:
 
 def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     options = _lower(raw)
-    _check_names(options, WRITE_OPTIONS)
+    _check_names(options, WRITE_OPTIONS, READ_OPTIONS, "reads")
     stream = options.get("stream", "").strip() or None
     if stream is not None and "," in stream:
         raise BasculeSparkError(f"the sink writes to one stream per row; 'stream' names several: {stream!r}")

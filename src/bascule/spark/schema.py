@@ -40,10 +40,17 @@ SCHEMA_DDL = (
 )
 
 
-def read_schema(schema: StructType) -> StructType:
+def source_schema(include_headers: bool) -> StructType:
+    """The columns a read gives: bascule's, without `headers` when includeHeaders is false."""
+    return SCHEMA if include_headers else StructType([f for f in SCHEMA.fields if f.name != "headers"])
+
+
+def read_schema(schema: StructType, include_headers: bool = True) -> StructType:
     """The schema to produce: bascule's, or a user-given subset of its columns (same types)."""
-    ours = {f.name: f for f in SCHEMA.fields}
+    ours = {f.name: f for f in source_schema(include_headers).fields}
     for f in schema.fields:
+        if f.name == "headers" and not include_headers:
+            raise BasculeSparkError("the schema names the column 'headers', but includeHeaders is false")
         if f.name not in ours or f.dataType != ours[f.name].dataType:
             raise BasculeSparkError(
                 f"column {f.name} {f.dataType.simpleString()} is not in bascule's schema ({SCHEMA_DDL})"

@@ -34,6 +34,7 @@ from bascule.spark.errors import BasculeSparkError
 from bascule.spark.options import (
     ReadOptions,
     WriteOptions,
+    includes_headers,
     parse_read_options,
     parse_write_options,
 )
@@ -47,7 +48,7 @@ from bascule.spark.planning import (
     plan_ranges,
     split_ranges,
 )
-from bascule.spark.schema import SCHEMA, arrow_schema, read_schema, sink_columns
+from bascule.spark.schema import arrow_schema, read_schema, sink_columns, source_schema
 
 try:  # Spark 4.1+
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -78,13 +79,15 @@ class BasculeDataSource(DataSource):
         return "bascule"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return source_schema(includes_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BasculeBatchReader(parse_read_options(self.options, streaming=False), read_schema(schema))
+        options = parse_read_options(self.options, streaming=False)
+        return BasculeBatchReader(options, read_schema(schema, options.include_headers))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return BasculeStreamReader(parse_read_options(self.options, streaming=True), read_schema(schema))
+        options = parse_read_options(self.options, streaming=True)
+        return BasculeStreamReader(options, read_schema(schema, options.include_headers))
 
     def writer(self, schema: StructType, overwrite: bool) -> BasculeWriter:
         _refuse_overwrite(overwrite)
