@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nats
 import pytest
+import yaml
 from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.types import AckPolicy, StartPosition
 
@@ -337,3 +338,40 @@ async def test_node_restarted_at_a_new_address_rejoins_the_metadata_group(engine
 async def _all_voters_connected(client: Client) -> bool:
     status = await client.status()
     return all(voter["connected"] for voter in status["voters"])
+
+
+# ---- compose.yaml's healthcheck ----------------------------------------------------------------------
+
+
+def _compose_healthcheck() -> list[str]:
+    compose = yaml.safe_load((ROOT / "compose" / "compose.yaml").read_text())
+    test = compose["x-node"]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    return test[1:]
+
+
+def _healthy(container, command: list[str]) -> bool:
+    return container.get_wrapped_container().exec_run(command).exit_code == 0
+
+
+async def test_the_compose_healthcheck_follows_the_nodes_readiness(engine):
+    """The command compose.yaml's nodes are checked with, run in a real node's container: healthy while it
+    serves, unhealthy once its NATS has gone silent (frozen: no reset tells the node, its PINGs must), healthy
+    again when NATS is back."""
+    from bascule.testing.containers import BasculeCluster
+
+    command = _compose_healthcheck()
+    with BasculeCluster(1) as cluster:
+        node, nats_server = cluster.node(0), cluster.nats.get_wrapped_container()
+        assert _healthy(node, command)
+        nats_server.pause()
+        await _eventually(lambda: not _healthy(node, command))
+        nats_server.unpause()
+        await _eventually(lambda: _healthy(node, command))
+
+
+async def _eventually(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the healthcheck did not change in time"
+        await asyncio.sleep(0.5)

@@ -47,6 +47,7 @@ import yaml
 
 try:
     from docker import version as docker_api_version
+    from docker.errors import APIError
     from docker.types import EndpointConfig
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.network import Network
@@ -98,6 +99,10 @@ class ServerTls:
     key: bytes
     client_ca: bytes | None = None
 DEFAULT_READY_TIMEOUT = 60.0
+# podman 4.3's archive upload sometimes fails with a 500 ("passing bulk input to subprocess: write |1: broken
+# pipe") on a loaded machine; the same upload a moment later succeeds.
+ARCHIVE_ATTEMPTS = 4
+ARCHIVE_RETRY_DELAY = 0.5
 
 
 class ContainerError(LocalProcessError):
@@ -177,6 +182,22 @@ def _labels(**extra: str) -> dict[str, str]:
     return {LABEL: "true", OWNER_LABEL: _owner(), **extra}
 
 
+def _join_network(
+    container: DockerContainer, network: Network, alias: str | None, ipv4_address: str | None
+) -> dict[str, Any]:
+    """Put `container` on `network` under `alias`; the create() arguments that fix its address, if given."""
+    container.with_network(network)
+    if alias:
+        container.with_network_aliases(alias)
+    if not ipv4_address:
+        return {}
+    # testcontainers passes no address: its networking_config is replaced by this one.
+    endpoint = EndpointConfig(
+        docker_api_version.__version__, aliases=[alias] if alias else None, ipv4_address=ipv4_address
+    )
+    return {"networking_config": {network.name: endpoint}}
+
+
 def _publish_on_loopback(container: DockerContainer, port: int, host_port: int | None) -> None:
     # with_bind_ports takes no host address; docker-py takes (address,) or (address, port) tuples.
     container.ports[f"{port}/tcp"] = (LOOPBACK, host_port) if host_port else (LOOPBACK,)  # type: ignore[assignment]
@@ -193,6 +214,16 @@ class _Node(DockerContainer):
 
     def _describe(self) -> str:
         return f"container {self._name or self.image}"
+
+    def _transfer_into_container(self, transferable: Any, destination_in_container: str, mode: int) -> None:
+        for attempt in range(1, ARCHIVE_ATTEMPTS + 1):
+            try:
+                super()._transfer_into_container(transferable, destination_in_container, mode)
+                return
+            except APIError as error:
+                if not error.is_server_error() or attempt == ARCHIVE_ATTEMPTS:
+                    raise
+                time.sleep(ARCHIVE_RETRY_DELAY * attempt)
 
     def state(self) -> str:
         """The container's status as the engine reports it now: created, running, exited, ..."""
@@ -251,14 +282,16 @@ class NatsContainer(_Node):
         *,
         network: Network | None = None,
         alias: str = "nats",
+        ipv4_address: str | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(image or default_nats_image())
         self.with_command(["--name", alias, "--port", str(NATS_PORT)])
-        self.with_kwargs(labels=_labels(role="nats"))
+        kwargs: dict[str, Any] = {"labels": _labels(role="nats")}
         _publish_on_loopback(self, NATS_PORT, None)
         if network is not None:
-            self.with_network(network).with_network_aliases(alias)
+            kwargs.update(_join_network(self, network, alias, ipv4_address))
+        self.with_kwargs(**kwargs)
         if name:
             self.with_name(name)
         self.alias = alias
@@ -360,15 +393,7 @@ class BasculeContainer(_Node):
         if sysctls:
             kwargs["sysctls"] = dict(sysctls)
         if network is not None:
-            self.with_network(network)
-            if alias:
-                self.with_network_aliases(alias)
-            if ipv4_address:
-                # testcontainers passes no address: its networking_config is replaced by this one.
-                endpoint = EndpointConfig(
-                    docker_api_version.__version__, aliases=[alias] if alias else None, ipv4_address=ipv4_address
-                )
-                kwargs["networking_config"] = {network.name: endpoint}
+            kwargs.update(_join_network(self, network, alias, ipv4_address))
         self.with_kwargs(**kwargs)
         if name:
             self.with_name(name)
@@ -523,9 +548,11 @@ class BasculeCluster:
     def start(self, wait: bool = True) -> BasculeCluster:
         self.network = Network(docker_network_kw={"labels": _labels()})
         self.network.create()
-        self.nats = NatsContainer(self.nats_image, network=self.network).start()
+        nats_address, *addresses = (
+            self._fixed_addresses(self.network) if self.stable_addresses else [None] * (self.size + 1)
+        )
+        self.nats = NatsContainer(self.nats_image, network=self.network, ipv4_address=nats_address).start()
         peers = [f"{server_id}:{RAFT_PORT}" for server_id in self.server_ids] if self.size > 1 else []
-        addresses = self._node_addresses(self.network) if self.stable_addresses else [None] * self.size
         for server_id, address in zip(self.server_ids, addresses):
             node = BasculeContainer(
                 self.image,
@@ -548,16 +575,17 @@ class BasculeCluster:
             self.wait_ready()
         return self
 
-    def _node_addresses(self, network: Network) -> list[str]:
-        """Fixed addresses for the nodes, high in the subnet the engine gave the network (its own
-        allocations, for NATS, start at the bottom)."""
+    def _fixed_addresses(self, network: Network) -> list[str]:
+        """Fixed addresses for NATS and then the nodes, high in the subnet the engine gave the network (its
+        own allocations start at the bottom). NATS's too: restarted at a new address, it is out of the
+        nodes' reach until their resolver lets go of the old one (tens of seconds)."""
         docker_network = network._network
         assert docker_network is not None, "the network is created first"
         docker_network.reload()
         subnets = [ipaddress.ip_network(pool["Subnet"]) for pool in docker_network.attrs["IPAM"]["Config"]]
         subnet = next(net for net in subnets if net.version == 4)
         top = int(subnet.broadcast_address) - 1
-        return [str(ipaddress.ip_address(top - self.size + 1 + index)) for index in range(self.size)]
+        return [str(ipaddress.ip_address(top - self.size + index)) for index in range(self.size + 1)]
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until every running node lists every running node of the cluster."""
