@@ -431,6 +431,81 @@ def test_stream_offsets_and_data_loss_without_spark(broker):
 
 
 
+def test_min_offsets_per_trigger_without_spark(broker):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMinRows
+
+    run(create(broker, "few", "few.in", partitions=2))
+    run(publish_client(broker, "few", 0, [b"x"] * 3))
+    source = BasculeDataSource(
+        {"brokers": broker, "stream": "few", "startingOffsets": "earliest", "minOffsetsPerTrigger": "5",
+         "maxOffsetsPerTrigger": "2", "maxTriggerDelay": "1h"}
+    )
+    r = source.streamReader(source.schema())
+    start = r.initialOffset()
+    assert r.getDefaultReadLimit() == ReadMinRows(5)
+    first = r.latestOffset(start, ReadMinRows(5))  # the first trigger goes, with at most 2 messages
+    assert first == {"few": {"0": 2, "1": 0}}
+    run(publish_client(broker, "few", 1, [b"y"] * 3))
+    assert r.latestOffset(first, ReadMinRows(5)) == first  # 4 new: held back
+    assert r.reportLatestOffset() == {"few": {"0": 3, "1": 3}}
+    assert r.latestOffset(first, ReadAllAvailable()) == {"few": {"0": 3, "1": 3}}
+    run(publish_client(broker, "few", 1, [b"z"]))
+    assert r.latestOffset(first, ReadMinRows(5)) == {"few": {"0": 3, "1": 1}}  # 5 new, 2 of them read
+
+
+@spark_test
+def test_min_offsets_per_trigger_and_the_lag_in_progress(spark, broker):
+    from bascule.spark import offsets_behind_latest
+
+    run(create(broker, "drip", "drip.in", partitions=2))
+    run(publish_client(broker, "drip", 0, [b"a"] * 10))
+    batches: list[tuple[float, int]] = []
+    query = (
+        spark.readStream.format("bascule").option("brokers", broker).option("stream", "drip")
+        .option("startingOffsets", "earliest").option("minOffsetsPerTrigger", "50").option("maxTriggerDelay", "8s")
+        .load().writeStream.foreachBatch(lambda batch, _: batches.append((time.monotonic(), batch.count())))
+        .trigger(processingTime="200 milliseconds").start()
+    )
+    try:
+        until(lambda: batches, "the first batch")  # never held back, as in Kafka's source
+        run(publish_client(broker, "drip", 1, [b"b"] * 20))
+        time.sleep(2)
+        assert [n for _, n in batches] == [10], "20 new messages, fewer than minOffsetsPerTrigger, went"
+        until(lambda: len(batches) == 2, "the batch maxTriggerDelay lets through")
+        assert batches[1][1] == 20 and batches[1][0] - batches[0][0] > 4  # 8 s after the first one planned
+        published = time.monotonic()
+        run(publish_client(broker, "drip", 0, [b"c"] * 60))
+        until(lambda: sum(n for _, n in batches[2:]) == 60, "the 60 new messages")
+        assert batches[2][1] >= 50 and batches[2][0] - published < 5  # enough: no waiting for the delay
+    finally:
+        query.stop()
+
+    # The lag: Kafka's metrics, from the latest offsets the source reports beside each batch's end.
+    run(create(broker, "backlog", "backlog.in", partitions=2))
+    for p in range(2):
+        run(publish_client(broker, "backlog", p, [b"m"] * 150))
+    lagging = (
+        spark.readStream.format("bascule").option("brokers", broker).option("stream", "backlog")
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
+        .writeStream.format("noop").trigger(availableNow=True).start()
+    )
+    lagging.awaitTermination(60)
+    first = lagging.recentProgress[0]["sources"][0]
+    assert json.loads(first["endOffset"]) == {"backlog": {"0": 50, "1": 50}}
+    assert json.loads(first["latestOffset"]) == {"backlog": {"0": 150, "1": 150}}
+    assert first["metrics"] == {}  # what a Python source cannot fill in (docs/spark.md)
+    assert offsets_behind_latest(first) == {
+        "minOffsetsBehindLatest": "100", "maxOffsetsBehindLatest": "100", "avgOffsetsBehindLatest": "100.0",
+    }
+
+
+def until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+
+
 @spark_test
 def test_a_restarted_streaming_query_reads_every_message_exactly_once(spark, cluster, broker, tmp_path):
     run(create(broker, "evt-a", "evt.a", partitions=2))

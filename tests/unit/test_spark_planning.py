@@ -30,6 +30,7 @@ from bascule.spark.planning import (  # noqa: E402
     resolve,
     split_ranges,
     streams_not_created_yet,
+    waits_for_more,
 )
 from bascule.wire.pb import admin_pb2  # noqa: E402
 
@@ -290,3 +291,14 @@ def test_next_end_reports_rewinds_and_drops_streams_that_are_gone():
     end, rewinds = next_end({"s": {0: 10}, "gone": {0: 5}}, bounds, max_rows=None, target=None, fail_on_data_loss=False)
     assert end == {"s": {0: 3}} and rewinds == [Rewind("s", 0, 10, 3)]
     assert plan_ranges({"s": {0: 10}}, end) == [OffsetRange("s", 0, 0, 3, strict_start=False)]
+
+
+def test_min_offsets_per_trigger_waits_for_enough_new_messages_or_the_delay():
+    begin, latest = {"s": {0: 10, 1: 20}}, {"s": {0: 14, 1: 25}, "t": {0: 3}}  # 4 + 5 + 3 (t is new) = 12 new
+
+    def waits(min_rows: int, since: float | None, delay: int = 1000) -> bool:
+        return waits_for_more(begin, latest, min_rows, since_last_batch_ms=since, max_delay_ms=delay)
+
+    assert waits(13, 10) and not waits(12, 10)
+    assert not waits(13, None)  # no batch yet: the first trigger is never held back, as in Kafka's source
+    assert waits(13, 999) and not waits(13, 1000)  # maxTriggerDelay since the last batch lets it through

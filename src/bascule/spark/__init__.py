@@ -8,7 +8,8 @@ See docs/spark.md for every option.
 """
 
 from bascule.spark.errors import BasculeSparkError
+from bascule.spark.progress import offsets_behind_latest
 from bascule.spark.schema import SCHEMA, SCHEMA_DDL
 from bascule.spark.source import BasculeDataSource
 
-__all__ = ["SCHEMA", "SCHEMA_DDL", "BasculeDataSource", "BasculeSparkError"]
+__all__ = ["SCHEMA", "SCHEMA_DDL", "BasculeDataSource", "BasculeSparkError", "offsets_behind_latest"]

@@ -283,6 +283,19 @@ def next_end(
     return end, rewinds
 
 
+def waits_for_more(
+    begin: Offsets, latest: Offsets, min_rows: int, *, since_last_batch_ms: float | None, max_delay_ms: int
+) -> bool:
+    """Kafka's minOffsetsPerTrigger: whether to skip this trigger (end the micro-batch where it
+    begins) because fewer than `min_rows` new messages are there, until `max_delay_ms`
+    (maxTriggerDelay) has passed since the last batch (None: no batch yet, so never skipped).
+    A partition missing from `begin` counts from offset 0, as in Kafka's source."""
+    if since_last_batch_ms is None or since_last_batch_ms >= max_delay_ms:
+        return False
+    new = sum(e - begin.get(s, {}).get(p, 0) for s, parts in latest.items() for p, e in parts.items())
+    return new < min_rows
+
+
 def _with_new_partitions(begin: Offsets, earliest: Offsets) -> Offsets:
     """`begin`, and for partitions it lacks, their earliest offset: where a rate limit counts from."""
     merged = {s: dict(parts) for s, parts in begin.items()}

@@ -12,6 +12,7 @@ workers: they hold options and offsets only. Connections are opened inside each 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ from bascule.spark.planning import (
     offsets_to_json,
     plan_ranges,
     split_ranges,
+    waits_for_more,
 )
 from bascule.spark.schema import arrow_schema, read_schema, sink_columns, source_schema
 
@@ -62,10 +64,11 @@ try:  # Spark 4.2+
     from pyspark.sql.streaming.datasource import (
         ReadAllAvailable,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 except ImportError:  # Spark 4.0/4.1
-    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadMaxRows = ReadMinRows = None  # type: ignore[assignment,misc]
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 log = logging.getLogger("bascule.spark")
@@ -155,6 +158,7 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         self._target: Offsets | None = None  # Trigger.AvailableNow: stop here
         self._last_end: Offsets | None = None  # Spark 4.0/4.1 give latestOffset no start
         self._latest: Offsets | None = None  # for reportLatestOffset
+        self._last_batch_ms: float | None = None  # minOffsetsPerTrigger: when the last batch was let through
 
     # -- offsets --
     def initialOffset(self) -> dict:
@@ -170,14 +174,21 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         self._target = self._bounds(None).latest
 
     def getDefaultReadLimit(self) -> Any:
-        if ReadMaxRows is not None and self.options.max_messages_per_trigger:
-            return ReadMaxRows(self.options.max_messages_per_trigger)
+        # Spark hands this limit back to latestOffset; a Python source cannot give a composite one,
+        # so with both limits it is the minimum, and the maximum comes from the options.
+        o = self.options
+        if ReadMinRows is not None and o.min_messages_per_trigger:
+            return ReadMinRows(o.min_messages_per_trigger)
+        if ReadMaxRows is not None and o.max_messages_per_trigger:
+            return ReadMaxRows(o.max_messages_per_trigger)
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         begin = offsets_from_json(start) if start is not None else self._last_end
         bounds = self._bounds(begin)
         self._latest = bounds.latest
+        if begin is not None and self._waits_for_more(begin, bounds, limit):
+            return offsets_to_json(begin)
         end, rewinds = next_end(
             begin, bounds, max_rows=self._max_rows(limit), target=self._target,
             fail_on_data_loss=self.options.fail_on_data_loss,
@@ -190,8 +201,30 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
     def reportLatestOffset(self) -> dict | None:
         return offsets_to_json(self._latest) if self._latest is not None else None
 
+    def _waits_for_more(self, begin: Offsets, bounds: Bounds, limit: Any) -> bool:
+        """minOffsetsPerTrigger, as Kafka's source: never under Trigger.AvailableNow (the run must
+        reach its target) nor when Spark asks for everything available."""
+        o = self.options
+        if not o.min_messages_per_trigger or self._target is not None or not self._limits_minimum(limit):
+            return False
+        now = time.monotonic() * 1000
+        since = None if self._last_batch_ms is None else now - self._last_batch_ms
+        if waits_for_more(
+            begin, bounds.latest, o.min_messages_per_trigger, since_last_batch_ms=since,
+            max_delay_ms=o.max_trigger_delay_ms,
+        ):
+            return True
+        self._last_batch_ms = now
+        return False
+
+    @staticmethod
+    def _limits_minimum(limit: Any) -> bool:
+        if limit is None:  # Spark 4.0/4.1: no read limits in the API; apply the options ourselves
+            return True
+        return ReadMinRows is not None and isinstance(limit, ReadMinRows)
+
     def _max_rows(self, limit: Any) -> int | None:
-        if limit is None:  # Spark 4.0/4.1: no read limits in the API; apply the option ourselves
+        if limit is None or (ReadMinRows is not None and isinstance(limit, ReadMinRows)):
             return self.options.max_messages_per_trigger
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             return limit.max_rows
