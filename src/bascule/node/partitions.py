@@ -281,7 +281,7 @@ class Partitions:
         try:
             while not replica.closed and self._still_returning(key):
                 if not self.registered():
-                    await asyncio.sleep(RETURN_RETRY)
+                    await self.raft.watch.until(self.registered, RETURN_RETRY)
                     continue
                 last_epoch, log_end_offset = replica.position()
                 try:
