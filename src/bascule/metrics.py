@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
+from importlib.metadata import version
 from itertools import accumulate
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from bascule.h2grpc.status import Status
@@ -50,42 +52,47 @@ GRPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 class _MethodCalls:
-    __slots__ = ("codes", "buckets", "seconds")
+    __slots__ = ("codes", "ends", "buckets", "seconds")
 
     def __init__(self) -> None:
-        self.codes = [0] * len(Status)  # calls by status code
+        self.codes = [0] * len(Status)  # calls by status code, but those that ended normally
+        self.ends = [0] * len(Status)  # calls that ended normally (``h2grpc.Ended``), by status code
         self.buckets = [0] * (len(GRPC_BUCKETS) + 1)  # calls by duration, the last beyond every bound
         self.seconds = 0.0
 
 
 class GrpcCalls:
-    """Calls by method: how many ended with each status code, and how long they took. ``observe`` is
-    the gRPC server's observer (``h2grpc.server.CallObserver``), on the event loop: no lock. A
-    collector of the two series."""
+    """Calls by method: how many ended with each status code, whether that was a normal end, and how
+    long they took. ``observe`` is the gRPC server's observer (``h2grpc.server.CallObserver``), on the
+    event loop: no lock. A collector of the two series."""
 
     def __init__(self) -> None:
         self.methods: dict[str, _MethodCalls] = {}  # the server's own method paths, and h2grpc's "unknown"
 
-    def observe(self, method: str, code: Status, seconds: float) -> None:
+    def observe(self, method: str, code: Status, seconds: float, ended: bool) -> None:
         calls = self.methods.get(method)
         if calls is None:
             calls = self.methods[method] = _MethodCalls()
-        calls.codes[code] += 1
+        (calls.ends if ended else calls.codes)[code] += 1
         calls.buckets[bisect_left(GRPC_BUCKETS, seconds)] += 1
         calls.seconds += seconds
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
-            "bascule_grpc_requests", "gRPC calls that ended, by method and status code.", labels=["method", "code"],
+            "bascule_grpc_requests",
+            "gRPC calls that ended, by method, status code and outcome (ok, end: a read's normal end, error).",
+            labels=["method", "code", "outcome"],
         )
         durations = HistogramMetricFamily(
             "bascule_grpc_request_duration_seconds",
             "Time from a gRPC call's start to its end (a streaming call's whole life), by method.", labels=["method"],
         )
         for method, calls in sorted(self.methods.items()):
-            for code, count in zip(Status, calls.codes):
+            for code, count, ends in zip(Status, calls.codes, calls.ends):
                 if count:
-                    requests.add_metric([method, code.name], count)
+                    requests.add_metric([method, code.name, "ok" if code is Status.OK else "error"], count)
+                if ends:
+                    requests.add_metric([method, code.name, "end"], ends)
             durations.add_metric([method], _cumulative(GRPC_BUCKETS, calls.buckets), calls.seconds)
         yield requests
         yield durations
@@ -95,7 +102,8 @@ class GrpcCalls:
 
 
 class NodeCollector:
-    """Every series of docs/operations.md but the gRPC calls' (``GrpcCalls``), read from ``node`` at each scrape."""
+    """The node's series of docs/operations.md (not the gRPC calls', ``GrpcCalls``, nor the process' and the
+    build's, prometheus_client's), read from ``node`` at each scrape."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -112,6 +120,8 @@ class NodeCollector:
 
 _PARTITION_GAUGES = {
     "log_end_offset": "Offset the next message appended to this replica's log gets.",
+    "oldest_offset": "Oldest offset of this replica's log, where reads from the earliest start (log end if empty).",
+    "size_bytes": "Bytes of the entries this replica's log holds, as stored (its segments' log files).",
     "high_watermark": "Offset of the partition's last committed message, as this replica knows it (-1: none).",
     "isr_size": "Members of the partition's in-sync replica set, in the metadata.",
     "replicas": "Replicas of the partition, in the metadata.",
@@ -202,6 +212,8 @@ def _partition_values(replica: PartitionReplica, assigned: Partition) -> dict[st
     isr, replicas = len(assigned.isr), len(assigned.replicas)
     return {
         "log_end_offset": replica.log.next_offset,
+        "oldest_offset": replica.oldest_offset,
+        "size_bytes": replica.log.size_bytes,
         "high_watermark": replica.high_watermark,
         "isr_size": isr,
         "replicas": replicas,
@@ -378,6 +390,10 @@ class MetricsServer:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
+        ProcessCollector(registry=self.registry)
+        Info("bascule_build", "The bascule and Python versions the node runs.", registry=self.registry).info(
+            {"version": version("bascule"), "python": platform.python_version()}
+        )
         if grpc_calls is not None:
             self.registry.register(grpc_calls)
         self.port = 0  # once started: the one bound

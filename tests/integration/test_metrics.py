@@ -226,11 +226,12 @@ async def test_traffic_moves_the_counters_of_partitions_grpc_calls_fsyncs_and_ca
         assert after[("bascule_partition_isr_shrinks_total", orders)] == 0
 
         publish = "/proto.API/Publish"
-        assert after[("bascule_grpc_requests_total", labelled(method=publish, code="OK"))] == 5
+        assert after[("bascule_grpc_requests_total", labelled(method=publish, code="OK", outcome="ok"))] == 5
         assert after[("bascule_grpc_request_duration_seconds_count", labelled(method=publish))] == 5
         assert after[("bascule_grpc_request_duration_seconds_bucket", labelled(method=publish, le="+Inf"))] == 5
-        assert after[("bascule_grpc_requests_total", labelled(method="/proto.API/DeleteStream", code="NOT_FOUND"))] == 1
-        batches = labelled(method="/bascule.data.Data/SubscribeBatches", code="RESOURCE_EXHAUSTED")  # its stop
+        missing_stream = labelled(method="/proto.API/DeleteStream", code="NOT_FOUND", outcome="error")
+        assert after[("bascule_grpc_requests_total", missing_stream)] == 1
+        batches = labelled(method="/bascule.data.Data/SubscribeBatches", code="RESOURCE_EXHAUSTED", outcome="end")
         assert after[("bascule_grpc_requests_total", batches)] == 1
 
         fsyncs = ("bascule_log_fsync_seconds_count", frozenset())

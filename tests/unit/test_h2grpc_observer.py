@@ -44,7 +44,7 @@ class Servicer:
 async def observed():
     """A server on a free loopback port, a stub of its Health service, and what its observer was told."""
     calls: list[tuple[str, Status, float]] = []
-    server = GrpcServer(observer=lambda method, code, seconds: calls.append((method, code, seconds)))
+    server = GrpcServer(observer=lambda method, code, seconds, ended: calls.append((method, code, seconds)))
     servicer = Servicer()
     server.add(service_methods(HEALTH, servicer))
     port = await server.bind("127.0.0.1", 0)
@@ -104,7 +104,7 @@ async def test_a_deadline_a_cancelled_stream_and_an_unknown_method_are_observed(
 
 async def test_streams_still_running_at_shutdown_are_observed_unavailable():
     calls: list[tuple[str, Status, float]] = []
-    server = GrpcServer(observer=lambda method, code, seconds: calls.append((method, code, seconds)))
+    server = GrpcServer(observer=lambda method, code, seconds, ended: calls.append((method, code, seconds)))
     servicer = Servicer()
     server.add(service_methods(HEALTH, servicer))
     port = await server.bind("127.0.0.1", 0)

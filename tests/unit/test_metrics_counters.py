@@ -219,24 +219,29 @@ def exposed(calls: GrpcCalls) -> dict[tuple[str, frozenset], float]:
     }
 
 
-def test_grpc_calls_are_exposed_by_method_and_code_with_a_latency_histogram():
+def test_grpc_calls_are_exposed_by_method_code_and_outcome_with_a_latency_histogram():
     calls = GrpcCalls()
     publish, subscribe = "/proto.API/Publish", "/proto.API/Subscribe"
     for seconds in (0.0002, 0.0005, 0.003, 0.003):
-        calls.observe(publish, Status.OK, seconds)
-    calls.observe(publish, Status.NOT_FOUND, 0.04)
-    calls.observe(subscribe, Status.CANCELLED, 7200.0)
+        calls.observe(publish, Status.OK, seconds, False)
+    calls.observe(publish, Status.NOT_FOUND, 0.04, False)
+    calls.observe(subscribe, Status.CANCELLED, 7200.0, False)
+    calls.observe(subscribe, Status.UNKNOWN, 0.01, True)
+    calls.observe(subscribe, Status.UNKNOWN, 0.01, False)
     samples = exposed(calls)
-    requests = {dict(labels)["method"] + " " + dict(labels)["code"]: value
+    requests = {" ".join(dict(labels)[label] for label in ("method", "code", "outcome")): value
                 for (name, labels), value in samples.items() if name == "bascule_grpc_requests_total"}
-    assert requests == {f"{publish} OK": 4, f"{publish} NOT_FOUND": 1, f"{subscribe} CANCELLED": 1}
+    assert requests == {
+        f"{publish} OK ok": 4, f"{publish} NOT_FOUND error": 1, f"{subscribe} CANCELLED error": 1,
+        f"{subscribe} UNKNOWN end": 1, f"{subscribe} UNKNOWN error": 1,
+    }
 
     def bucket(method, bound):
         return samples[("bascule_grpc_request_duration_seconds_bucket",
                         frozenset({"method": method, "le": bound}.items()))]
 
     assert [bucket(publish, bound) for bound in ("0.0005", "0.001", "0.005", "0.05", "+Inf")] == [2, 2, 4, 5, 5]
-    assert bucket(subscribe, str(GRPC_BUCKETS[-1])) == 0 and bucket(subscribe, "+Inf") == 1
+    assert bucket(subscribe, str(GRPC_BUCKETS[-1])) == 2 and bucket(subscribe, "+Inf") == 3
     assert samples[("bascule_grpc_request_duration_seconds_count", frozenset({"method": publish}.items()))] == 5
     assert samples[("bascule_grpc_request_duration_seconds_sum", frozenset({"method": publish}.items()))] == (
         pytest.approx(0.0467)

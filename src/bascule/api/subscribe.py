@@ -14,7 +14,7 @@ from bascule.api import positions
 from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
 from bascule.api.status import metadata_call
-from bascule.h2grpc import CallContext, Framed
+from bascule.h2grpc import CallContext, Ended, Framed, Status
 from bascule.metadata.groups import NOT_ASSIGNED, subscription_error
 from bascule.metadata.state import MetadataState
 from bascule.partition.encryption import DecryptionFailed
@@ -88,9 +88,9 @@ class SubscribeRPCs:
             async for messages, sent in read(replica, offset, last, SUBSCRIBE_BATCH_BYTES, walk, context, displaced):
                 yield Framed(messages)
                 if sent == last:
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+                    raise Ended(Status.RESOURCE_EXHAUSTED, "Stop offset reached")
             if request.reverse and (displaced is None or not displaced.is_set()):
-                await context.abort(grpc.StatusCode.UNKNOWN, "EOF")  # past the oldest, in Liftbridge's words
+                raise Ended(Status.UNKNOWN, "EOF")  # past the oldest, in Liftbridge's words
         finally:
             if reader is not None:
                 self.group_readers.release(request.stream, request.partition, request.consumer.groupId, reader)
@@ -140,7 +140,7 @@ class SubscribeRPCs:
         async for entries, sent in _committed(replica, offset, last, max_bytes, stored_prefix, context):
             yield data_pb2.EntryBatch(entries=entries)
             if sent == last:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop position reached")
+                raise Ended(Status.RESOURCE_EXHAUSTED, "Stop position reached")
 
     async def _open(
         self, request, context, empty_range_is_invalid: bool,
@@ -170,7 +170,7 @@ class SubscribeRPCs:
         except positions.PositionError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise Ended(Status.RESOURCE_EXHAUSTED, str(exc)) from None
         # Last, as Liftbridge does: a call refused for anything else displaces no reader.
         return replica, start, last, await self._group_reader(request, context)
 
@@ -289,4 +289,4 @@ async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio
     if replica.paused:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Partition paused")
     if replica.readonly and offset > replica.newest_offset:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "End of readonly partition")
+        raise Ended(Status.RESOURCE_EXHAUSTED, "End of readonly partition")

@@ -5,9 +5,9 @@ message in Python, and python-hyper's h2 eleven per frame received (benchmarks/R
 from bascule.h2grpc.limits import GrpcLimits
 from bascule.h2grpc.server import CallContext, Framed, GrpcServer, server_tls_context
 from bascule.h2grpc.services import Method, service_methods
-from bascule.h2grpc.status import Abort, Status
+from bascule.h2grpc.status import Abort, Ended, Status
 
 __all__ = [
-    "Abort", "CallContext", "Framed", "GrpcLimits", "GrpcServer", "Method", "Status", "server_tls_context",
+    "Abort", "CallContext", "Ended", "Framed", "GrpcLimits", "GrpcServer", "Method", "Status", "server_tls_context",
     "service_methods",
 ]

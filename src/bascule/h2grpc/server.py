@@ -42,7 +42,7 @@ from bascule.h2grpc.connection import (
 )
 from bascule.h2grpc.limits import GrpcLimits
 from bascule.h2grpc.services import Method
-from bascule.h2grpc.status import Abort, Status, status_of
+from bascule.h2grpc.status import Abort, Ended, Status, status_of
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,9 @@ MAX_REQUEST_BATCH = 1024  # requests a client-streaming handler takes at once
 UNKNOWN_METHOD = "unknown"  # what an observer is told of a call to a method not served: clients choose paths
 
 # Told of each call as it ends (its status sent, or the client gone: CANCELLED): the method's path,
-# its status and the seconds since it started. On the event loop, once per call: keep it cheap.
-CallObserver = Callable[[str, Status, float], None]
+# its status, the seconds since it started, and whether the status was a normal end (``Ended``).
+# On the event loop, once per call: keep it cheap.
+CallObserver = Callable[[str, Status, float, bool], None]
 
 
 class Framed(bytes):
@@ -325,11 +326,11 @@ class _Connection(asyncio.Protocol):
         method = self.server.methods.get(event.method)
         if method is None:
             self.grpc.finish(event.stream_id, Status.UNIMPLEMENTED, f"Method not found: {event.method}")
-            self.server.observe(UNKNOWN_METHOD, Status.UNIMPLEMENTED, 0.0)
+            self.server.observe(UNKNOWN_METHOD, Status.UNIMPLEMENTED, 0.0, False)
             return
         if self.server.closing:
             self.grpc.finish(event.stream_id, Status.UNAVAILABLE, "the server is shutting down")
-            self.server.observe(method.path, Status.UNAVAILABLE, 0.0)
+            self.server.observe(method.path, Status.UNAVAILABLE, 0.0, False)
             return
         call = _Call(event.stream_id, method, self.loop.time())
         call.peer_certificate = self.peer_certificate
@@ -414,7 +415,7 @@ class _Connection(asyncio.Protocol):
                 self._send(call, await method.handler(argument, call.context))
             self._end(call, Status.OK)
         except Abort as abort:
-            self._end(call, abort.status, abort.details)
+            self._end(call, abort.status, abort.details, isinstance(abort, Ended))
         except asyncio.CancelledError:
             if call.expired:
                 self._end(call, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
@@ -468,16 +469,16 @@ class _Connection(asyncio.Protocol):
             if self.grpc.pending_bytes(call.stream_id) <= limits.call_output // 4:
                 writable.set_result(None)
 
-    def _end(self, call: _Call, status: Status, message: str = "") -> None:
+    def _end(self, call: _Call, status: Status, message: str = "", ended: bool = False) -> None:
         self.grpc.finish(call.stream_id, status, message)
         self._forget(call)
         self.flush_soon()
-        self._observe(call, status)
+        self._observe(call, status, ended)
 
-    def _observe(self, call: _Call, status: Status) -> None:
+    def _observe(self, call: _Call, status: Status, ended: bool = False) -> None:
         if not call.observed:
             call.observed = True
-            self.server.observe(call.method.path, status, self.loop.time() - call.started)
+            self.server.observe(call.method.path, status, self.loop.time() - call.started, ended)
 
     def _forget(self, call: _Call) -> None:
         if self.calls.get(call.stream_id) is call:
@@ -663,7 +664,7 @@ class GrpcServer:
                 if call.task is not None}
 
 
-def _unobserved(method: str, status: Status, seconds: float) -> None:
+def _unobserved(method: str, status: Status, seconds: float, ended: bool) -> None:
     pass
 
 

@@ -38,3 +38,9 @@ class Abort(Exception):
     def __init__(self, status: Status, details: str) -> None:
         super().__init__(status, details)
         self.status, self.details = status, details
+
+
+class Ended(Abort):
+    """Ends the call with a status other than OK that its protocol uses for a normal end (Liftbridge
+    ends reads so, and its clients depend on the codes): the client sees ``status``, the server's
+    observer is told the call ended as it should."""
