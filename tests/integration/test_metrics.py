@@ -1,9 +1,17 @@
 """The metrics, /healthz and /readyz endpoint of an in-process node, over real sockets."""
 
 import asyncio
+import json
+import os
+import platform
 import random
+import resource
+import sys
 import time
+from importlib.metadata import version
+from pathlib import Path
 
+import grpc
 import nats
 import pytest
 from cluster_checks import FAST, create_stream, leader_index, new_leader, publish_all_acked, restart, wait_for
@@ -16,7 +24,7 @@ from bascule.natsio.sealed import SealedNats
 from bascule.testing.local import LocalCluster
 from bascule.testing.ports import free_port
 from bascule.wire import envelope
-from bascule.wire.pb import api_pb2
+from bascule.wire.pb import api_pb2, api_pb2_grpc
 from bascule.wire.seal import Sealer, derive_key
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +69,25 @@ async def eventually(check, timeout: float = 10.0):
         if result or time.monotonic() > deadline:
             return result
         await asyncio.sleep(0.05)
+
+
+async def bascule_command(*args: str) -> tuple[int, str, str]:
+    """The `bascule` command, run as a user runs it: (exit status, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bascule.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def grpc_requests(samples: dict[tuple[str, frozenset], float]) -> dict[tuple[str, str, str], float]:
+    """bascule_grpc_requests_total by (method, code, outcome)."""
+    return {
+        (labels["method"], labels["code"], labels["outcome"]): value
+        for (name, labelset), value in samples.items() if name == "bascule_grpc_requests_total"
+        for labels in [dict(labelset)]
+    }
 
 
 def partition_labels(stream: str, partition: int = 0, **more: str) -> frozenset:
@@ -329,3 +356,104 @@ async def test_replication_isr_changes_and_elections_move_the_series_of_a_cluste
 
         await wait_for(elected, 15, "the new leader to count an election", cluster)
         assert await series(successor, "bascule_partition_leader") == 1
+
+
+async def test_reads_that_end_where_asked_count_as_ends_and_failed_calls_as_errors(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        async with Client(address) as client:
+            await client.create_stream("orders", "orders.in")
+            await client.create_stream("empty", "empty.in")
+            for i in range(3):
+                await client.publish("orders", f"m{i}".encode(), ack_policy="all")
+        # The README's reads: newest first back to the oldest (Liftbridge's Subscribe, ended UNKNOWN "EOF"),
+        # and up to the newest (bascule's batches, ended RESOURCE_EXHAUSTED), of a stream and of an empty one.
+        assert await bascule_command("subscribe", "-s", "orders", "--start", "latest", "--reverse", "-a", address) == (
+            0, "2 m2\n1 m1\n0 m0\n", "",
+        )
+        assert await bascule_command("subscribe", "-s", "orders", "--stop-latest", "-a", address) == (
+            0, "0 m0\n1 m1\n2 m2\n", "",
+        )
+        assert (await bascule_command("subscribe", "-s", "empty", "--stop-latest", "-a", address))[:2] == (0, "")
+        # A Liftbridge client's read up to the newest: Subscribe, ended RESOURCE_EXHAUSTED "Stop offset reached".
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = api_pb2_grpc.APIStub(channel).Subscribe(api_pb2.SubscribeRequest(
+                stream="orders", startPosition=api_pb2.StartPosition.EARLIEST,
+                stopPosition=api_pb2.StopPosition.STOP_LATEST,
+            ))
+            with pytest.raises(grpc.aio.AioRpcError) as stopped:
+                assert len([message async for message in call]) == 4  # the handshake, then three
+            assert (stopped.value.code(), stopped.value.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached",
+            )
+        code, _, err = await bascule_command("delete", "-s", "nowhere", "-a", address)
+        assert (code, err) == (1, "bascule delete: not found: stream does not exist\n")
+        requests = grpc_requests(await scrape(port))
+
+    subscribe, batches = "/proto.API/Subscribe", "/bascule.data.Data/SubscribeBatches"
+    assert requests[(subscribe, "UNKNOWN", "end")] == 1
+    assert requests[(subscribe, "RESOURCE_EXHAUSTED", "end")] == 1
+    assert requests[(batches, "RESOURCE_EXHAUSTED", "end")] == 2
+    assert {key: count for key, count in requests.items() if key[2] == "error"} == {
+        ("/proto.API/DeleteStream", "NOT_FOUND", "error"): 1,
+    }
+    assert all(code == "OK" for _, code, outcome in requests if outcome == "ok")
+
+
+def process_facts(pid: int) -> tuple[int, int, int]:
+    """A process's open files, its soft limit of them and its resident memory in bytes, as Linux tells them."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    resident_kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return len(os.listdir(f"/proc/{pid}/fd")), resource.prlimit(pid, resource.RLIMIT_NOFILE)[0], resident_kib * 1024
+
+
+@pytest.mark.cluster
+async def test_process_and_build_series_describe_the_node_process():
+    port = free_port()
+    started = time.time()
+    with LocalCluster(1, node_config=[{"metrics.listen": f"127.0.0.1:{port}"}]) as cluster:
+        pid = cluster.node(0).pid
+        samples = await scrape(port)
+        open_fds, soft_limit, resident = process_facts(pid)
+
+    def sample(name: str) -> float:
+        return samples[(name, frozenset())]
+
+    assert started - 60 < sample("process_start_time_seconds") <= time.time()
+    assert sample("process_max_fds") == soft_limit  # the node raised it to its hard limit
+    assert abs(sample("process_open_fds") - open_fds) < 20
+    assert 0.5 < sample("process_resident_memory_bytes") / resident < 2
+    assert sample("process_virtual_memory_bytes") > sample("process_resident_memory_bytes")
+    assert sample("process_cpu_seconds_total") > 0
+    build = labelled(version=version("bascule"), python=platform.python_version())
+    assert samples[("bascule_build_info", build)] == 1
+
+
+async def test_partition_size_and_oldest_offset_follow_retention_as_stream_info_shows_them(tmp_path):
+    servers = []
+    async with running_node(tmp_path, metrics_servers=servers, **METRICS_ON) as (node, address):
+        port = servers[0].port
+        kept = partition_labels("kept")
+        async with Client(address) as client:
+            await client.create_stream(
+                "kept", "kept.in", segment_max_bytes=1024, retention_max_messages=20, cleaner_interval=0.2,
+            )
+            before = await scrape(port)
+            assert before[("bascule_partition_oldest_offset", kept)] == 0
+            assert before[("bascule_partition_size_bytes", kept)] == 0
+            await client.publish_many("kept", [b"x" * 100 for _ in range(200)], ack_policy="all")
+
+        async def retained():
+            samples = await scrape(port)
+            return samples[("bascule_partition_oldest_offset", kept)] > 0 and samples
+
+        samples = await eventually(retained)
+        assert samples, "retention removed no segment"
+        oldest = samples[("bascule_partition_oldest_offset", kept)]
+        size = samples[("bascule_partition_size_bytes", kept)]
+        assert 0 < oldest < 200 and 0 < size < samples[("bascule_partition_bytes_in_total", kept)]
+        code, out, err = await bascule_command("stream-info", "kept", "--json", "-a", address)
+        assert code == 0, err
+        [shown] = json.loads(out)["partitions"]
+        assert (shown["oldestOffset"], shown["sizeBytes"]) == (oldest, size)
