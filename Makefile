@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test check soak simulate containers fuse faketime proto clean
+.PHONY: venv run test check soak simulate containers fuse faketime promtool proto clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ run: venv
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
 # --durations: the slowest tests in every run's log, to keep the suite under 15 minutes on 2 cores.
-test: venv check containers fuse faketime
+test: venv check containers fuse faketime promtool
 	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
 
 # Lint, types and the layering contracts (pyproject.toml): the code's shape, checked before its behaviour.
@@ -69,6 +69,14 @@ faketime:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& { apt-get install -y -q faketime >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }; }; } \
 		|| echo "make faketime: no libfaketime, and no root with apt-get to install faketime: the clock step test will skip"
+
+# promtool (Debian's prometheus package) checks compose/alerts.yml and runs its unit tests, compose/alerts.test.yml,
+# in tests/integration/test_alert_rules.py; without it (no root with apt-get) those tests skip and say why. Where
+# systemd runs, the package also starts its Prometheus service (on :9090).
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }; } \
+		|| echo "make promtool: no promtool, and no root with apt-get to install prometheus: the alert rule tests will skip"
 
 proto: venv
 	$(PY) -m bascule.wire.generate
