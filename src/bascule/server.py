@@ -24,6 +24,7 @@ from bascule.config import Config, ConfigError, load_config, overrides_from_args
 from bascule.config.model import MetricsConfig
 from bascule.config.values import join_host_port
 from bascule.h2grpc import GrpcLimits, GrpcServer, server_tls_context
+from bascule.listening import naming_listener
 from bascule.metrics import GrpcCalls, MetricsServer
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
@@ -77,7 +78,8 @@ async def _serve(
     metrics = None
     try:
         # The API's port goes into the broker registration, so it is bound before the node starts.
-        port = await server.bind(config.listen_host, config.port)
+        with naming_listener("the gRPC API", config.listen_host, config.port, "listen, port, -p/--port"):
+            port = await server.bind(config.listen_host, config.port)
         if not await _started_unless_stopped(node.start(port), stop):
             log.info("stopped while starting")
             return
@@ -126,7 +128,8 @@ async def _start_metrics(config: MetricsConfig, node: Node, grpc_calls: GrpcCall
     if config.port is None:
         return None
     metrics = MetricsServer(node, grpc_calls)
-    await metrics.start(config.host, config.port)
+    with naming_listener("the metrics endpoint", config.host, config.port, "metrics.listen, --metrics-port"):
+        await metrics.start(config.host, config.port)
     log.info("metrics, /healthz and /readyz on http://%s", join_host_port(config.host, metrics.port))
     return metrics
 

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -44,6 +45,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from bascule import durable
+from bascule.listening import AddressInUse
 
 StrPath = str | os.PathLike[str]
 
@@ -85,6 +87,10 @@ exited.register(pidfd, select.POLLIN)
 if not exited.poll(grace * 1000):
     send(signal.SIGKILL)
 """
+
+
+# nats-server's words for a port something else holds (client, cluster, monitoring or websocket listener).
+ADDRESS_TAKEN = re.compile(r"listen tcp (\S+): bind: address already in use")
 
 
 class EmbeddedNatsError(RuntimeError):
@@ -392,7 +398,12 @@ class EmbeddedNats:
             status = self._process.returncode
             if status is not None:
                 await self._reap()
-                raise EmbeddedNatsError(f"nats-server exited with status {status} while starting:\n{self._log_tail()}")
+                tail = self._log_tail()
+                taken = ADDRESS_TAKEN.search(tail)
+                if taken:
+                    raise AddressInUse("the embedded NATS server", taken.group(1),
+                                       "nats.embedded.config, --embedded-nats-config")
+                raise EmbeddedNatsError(f"nats-server exited with status {status} while starting:\n{tail}")
             if asyncio.get_running_loop().time() > deadline:
                 raise EmbeddedNatsError(
                     f"nats-server did not report its ports within {self._startup_timeout}s:\n{self._log_tail()}"

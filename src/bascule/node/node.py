@@ -20,6 +20,7 @@ import nats
 from bascule import durable
 from bascule.config import Config
 from bascule.config.values import unauthenticated_raft_error, unshared_secret_error
+from bascule.listening import check_free
 from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.placement import PlacementError, replica_count
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
@@ -232,6 +233,11 @@ class Node:
         problem = unauthenticated_raft_error(raft_address, clustering.raft_password)
         if problem:
             raise InsecureRaft(problem)
+        # pysyncobj binds in its own thread and retries in silence: a port held by another process is
+        # said here, or the node would wait for ever for a Raft group it is not in.
+        host, port = raft_address.rsplit(":", 1)
+        await asyncio.to_thread(check_free, "the metadata Raft transport", host.strip("[]"), int(port),
+                                "clustering.raft.listen, --raft-listen")
         self._raft = MetadataRaft(
             # Never a Raft transport without a password, even on loopback: pysyncobj unpickles
             # what a peer sends, and any local process can reach a loopback port.
