@@ -134,6 +134,7 @@ class MetadataRaft:
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
         self._sync.addOnTickCallback(self._expire_unanswered_connects)
+        self._sync.addOnTickCallback(self._elect_at_once_when_alone)
         self.watch = MetadataWatch()
         self._standing: tuple[str | None, bool] = (None, False)  # (leader, ready) as last told to the watch
         self._sync.addOnTickCallback(self._notice_leadership)
@@ -152,6 +153,16 @@ class MetadataRaft:
             if connection.state == CONNECTION_STATE.CONNECTING and monotonic() - started > timeout:
                 connection.disconnect()
         raft_port.expire_silent(transport, timeout)
+
+    def _elect_at_once_when_alone(self) -> None:
+        """A sole voter stands for election without waiting out an election timeout (runs on the tick
+        thread): its own vote is the majority and no other node can lead its group, so a one-node cluster
+        serves 0.5 to 1 s sooner after a start. Only once its journal is replayed: the group's members are
+        known from the entries it applies, and until then a member of a larger group can look alone."""
+        sync = self._sync
+        if sync.otherNodes or sync._getLeader() is not None or sync.raftLastApplied < sync.raftCommitIndex:
+            return
+        sync._SyncObj__raftElectionDeadline = 0
 
     def _notice_leadership(self) -> None:
         """Tell the watch when the leader or readiness changed (on the tick thread: pysyncobj has no
