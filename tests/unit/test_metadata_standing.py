@@ -90,3 +90,22 @@ def test_after_a_nats_outage_that_hit_everyone_standing_returns_with_the_first_t
     assert contact.standing_until(THREE) < 60.0
     contact.heartbeat(B, [A], THREE, now=60.25)
     assert contact.standing_until(THREE) == 60.25 + TIMEOUT
+
+
+def test_a_node_this_leader_admits_over_nats_counts_as_heard_both_ways_for_the_timeout() -> None:
+    """A lone leader admitting a second voter keeps standing until the newcomer's heartbeats come (issue 29:
+    it used to stop leading for a second or so, and the next join waited for a new leader)."""
+    contact = _contact()
+    contact.joined(C, now=10.0)
+    contact.heartbeat(B, [], [A], now=10.1)  # another node's heartbeat before C is a voter here: C is kept
+    assert contact.standing_until([A, C]) == 10.0 + TIMEOUT
+    contact.heartbeat(C, [A], [A, C], now=11.0)  # its own heartbeats take over
+    assert contact.standing_until([A, C]) == 11.0 + TIMEOUT
+
+
+def test_a_node_admitted_that_never_becomes_a_voter_is_forgotten_after_the_timeout() -> None:
+    contact = _contact()
+    contact.joined(C, now=10.0)
+    contact.heartbeat(B, [A], [A, B], now=12.5)
+    assert contact.heard(12.5) == [B]
+    assert contact.standing_until([A, C]) == -math.inf

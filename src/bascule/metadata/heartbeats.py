@@ -62,6 +62,11 @@ class NatsHeartbeats:
         except NatsError as exc:  # the connection dropped meanwhile: silence is what the others should see
             log.debug("metadata heartbeat not sent: %r", exc)
 
+    def joined(self, node: str) -> None:
+        """This node, the metadata leader, admits ``node``, which asked over NATS (``NatsContact.joined``)."""
+        self._contact.joined(node, self.clock())
+        self._refresh()
+
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             body = msgpack.unpackb(msg.data, raw=False)

@@ -40,6 +40,10 @@ from bascule.wire.subjects import Subjects
 log = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT = 5.0
+# How long a join request waits for its answer before it is sent again: past JOIN_SETTLE, and short, since
+# a request that came while the group had no leader (an election, or a leader admitting another node) is
+# never answered. Asking again is harmless: a member is answered at once.
+JOIN_ATTEMPT_TIMEOUT = 2.0
 # How long a node waits to apply what the metadata leader had applied when it answered (a
 # follower learns of commits at the leader's next append, every APPEND_ENTRIES_PERIOD).
 CATCH_UP_WAIT = 2.0
@@ -80,6 +84,8 @@ class MetadataService:
             election_grace=leader_timeout, return_patience=leader_timeout, leave_memory=leader_timeout
         )
         self._coordinator_reports = CoordinatorReports(coordinator_timeout)
+        # Told of each node this leader admits to the Raft group (the node's NATS heartbeats count it as heard).
+        self.on_join: Callable[[str], None] = lambda address: None
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.propagate, cb=self._on_propagated)
@@ -315,7 +321,10 @@ class MetadataService:
         members = self.raft.members()
         if address not in members:
             log.info("adding %s to the metadata Raft group", address)
-            if await self.raft.add_voter(address, JOIN_SETTLE) is False:
+            self.on_join(address)
+            # Growing from one node, the change commits only once the joiner runs Raft, after this answer.
+            settle = 0.0 if len(members) == 1 else JOIN_SETTLE
+            if await self.raft.add_voter(address, settle) is False:
                 # Raft takes one membership change at a time: the joiner asks again.
                 reply = _pack({"members": None, "error": "another membership change is under way"})
                 await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
@@ -340,7 +349,7 @@ async def join_cluster(nc: SealedNats, subjects: Subjects, raft_address: str) ->
     request = envelope.encode(envelope.MsgType.RAFT_JOIN_REQUEST, _pack({"raft": raft_address}))
     while True:
         try:
-            reply = await nc.request(subjects.join, request, timeout=FORWARD_TIMEOUT)
+            reply = await nc.request(subjects.join, request, timeout=JOIN_ATTEMPT_TIMEOUT)
             kind, payload = envelope.decode(reply.data)
             answer = _unpack(payload)
             members = answer["members"]

@@ -26,11 +26,22 @@ class NatsContact:
         self.timeout = timeout
         self._heard: dict[str, float] = {}  # voter -> when its last heartbeat came
         self._heard_us: dict[str, float] = {}  # voter -> when its last heartbeat naming this node came
+        self._joined: dict[str, float] = {}  # node -> when this node admitted it to the group
+
+    def joined(self, node: str, now: float) -> None:
+        """``node`` asked to join the group over NATS and this node, the leader, answers it the same way:
+        contact both ways, as a heartbeat naming this node would be. Without it, a lone leader that admits
+        a second voter would stop standing until the newcomer's heartbeats come (a second or so: the
+        newcomer starts them once answered), and lose its leadership, and the joins behind, for nothing."""
+        self._joined[node] = now
+        self._heard[node] = self._heard_us[node] = now
 
     def heartbeat(self, sender: str, heard: Collection[str], voters: Collection[str], now: float) -> None:
         """``sender``'s heartbeat came, naming the voters it heard (``heard``)."""
+        self._joined = {node: when for node, when in self._joined.items() if now - when <= self.timeout}
+        kept = set(voters) | self._joined.keys()  # a node admitted just now may not be a voter here yet
         for table in (self._heard, self._heard_us):
-            for gone in table.keys() - set(voters):
+            for gone in table.keys() - kept:
                 del table[gone]
         if sender == self.me or sender not in voters:
             return

@@ -253,6 +253,7 @@ class Node:
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
             self.tasks, self.master_key, self.live_brokers,
         )
+        core.metadata.on_join = heartbeats.joined
         self._capture = CapturePath(self._capture_connection, core.partitions.schedule_reconcile)
         core.partitions.switch_capture = self._capture.switch
         forwarder = Forwarder(internal, clustering.namespace, self.server_id, self._raft, core.partitions)
