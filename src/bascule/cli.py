@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--read-isr-replica", action="store_true", help="read from any ISR replica")
     subscribe.add_argument("--reverse", action="store_true", help="newest first, back to the oldest message")
 
+    wait = command("wait", "wait until a server answers and its metadata lists enough brokers (a starting "
+                           "node, a forming cluster), then print them")
+    wait.add_argument("--brokers", type=_positive, default=1, metavar="N", help="brokers to wait for (default 1)")
+    wait.add_argument("--for", dest="wait_for", type=_seconds, default=30.0, metavar="SECONDS",
+                      help="give up after this long (default 30): exit status 3 if no server answered, else 1")
+
     metadata = command("metadata", "brokers and streams")
     metadata.add_argument("streams", nargs="*", help="streams to show (default all)")
 
@@ -331,6 +337,31 @@ async def _run_admin(args: argparse.Namespace) -> None:
     brokers = [args.address, *(address for address in args.addresses if address != args.address)]
     async with Client(brokers, timeout=args.timeout, tls=args.tls) as client:
         await ADMIN_COMMANDS[args.command](client, args)
+
+
+async def _run_wait(args: argparse.Namespace) -> None:
+    """Polls the addresses until one answers with at least --brokers brokers, for up to --for seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.wait_for
+    seen: dict[str, str] | None = None
+    while True:
+        try:
+            address = await _first_reachable(args.addresses, args.connect_timeout)
+            async with Client(address, timeout=min(args.timeout, 2.0), tls=args.tls) as client:
+                seen = (await client.fetch_metadata()).brokers
+        except Unreachable:
+            if loop.time() > deadline and seen is None:
+                raise
+        except BasculeError:
+            pass  # no metadata leader yet: the node is still starting
+        if seen is not None and len(seen) >= args.brokers:
+            print("brokers: " + ", ".join(f"{b} ({addr})" for b, addr in sorted(seen.items())))
+            return
+        if loop.time() > deadline:
+            listed = ", ".join(sorted(seen or ())) or "none"
+            raise BasculeError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"{len(seen or ())} of {args.brokers} brokers after {args.wait_for:g} s ({listed})")
+        await asyncio.sleep(0.2)
 
 
 async def _first_reachable(addresses: Sequence[str], timeout: float) -> str:
@@ -574,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             from bascule.server import run_from_args
 
             return run_from_args(args)
-        asyncio.run(_run_admin(args))
+        asyncio.run(_run_wait(args) if args.command == "wait" else _run_admin(args))
     except BasculeError as exc:
         print(f"bascule {args.command}: {exc.code.name.lower().replace('_', ' ')}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR

@@ -188,3 +188,20 @@ def test_version_and_the_documented_exit_statuses():
     help_text = run("--help").stdout
     assert "exit status" in help_text and "BASCULE_ADDRESS" in help_text
     assert "exit status" in run("subscribe", "--help").stdout
+
+
+async def test_wait_waits_for_a_starting_node_and_for_enough_brokers(tmp_path):
+    """`bascule wait` (issue 29): the README starts servers in the background and waits with it instead of
+    failing with "connection refused" or "exceeds the 1 available brokers" while they start."""
+    from bascule.testing.ports import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    code, out, err = await bascule("wait", "-a", address, "--for", "1")
+    assert (code, out) == (3, "") and "cannot reach a bascule server" in err and time.monotonic() - started < 5
+    async with running_node(tmp_path) as (node, running):
+        waiting = asyncio.ensure_future(bascule("wait", env_address=running))
+        code, out, err = await waiting
+        assert (code, err) == (0, "") and out == f"brokers: {node.server_id} ({running})\n"
+        code, out, err = await bascule("wait", "--brokers", "2", "--for", "1", env_address=running)
+        assert code == 1 and out == "" and f"1 of 2 brokers after 1 s ({node.server_id})" in err
