@@ -205,7 +205,7 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         """minOffsetsPerTrigger, as Kafka's source: never under Trigger.AvailableNow (the run must
         reach its target) nor when Spark asks for everything available."""
         o = self.options
-        if not o.min_messages_per_trigger or self._target is not None or not self._limits_minimum(limit):
+        if not o.min_messages_per_trigger or self._target is not None or not self._applies_options(limit):
             return False
         now = time.monotonic() * 1000
         since = None if self._last_batch_ms is None else now - self._last_batch_ms
@@ -218,13 +218,13 @@ class BasculeStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvaila
         return False
 
     @staticmethod
-    def _limits_minimum(limit: Any) -> bool:
-        if limit is None:  # Spark 4.0/4.1: no read limits in the API; apply the options ourselves
-            return True
-        return ReadMinRows is not None and isinstance(limit, ReadMinRows)
+    def _applies_options(limit: Any) -> bool:
+        """Whether the trigger options apply: Spark 4.0/4.1 give no limit, and a minimum (our
+        default limit when minOffsetsPerTrigger is set) leaves the maximum to the options."""
+        return limit is None or (ReadMinRows is not None and isinstance(limit, ReadMinRows))
 
     def _max_rows(self, limit: Any) -> int | None:
-        if limit is None or (ReadMinRows is not None and isinstance(limit, ReadMinRows)):
+        if self._applies_options(limit):
             return self.options.max_messages_per_trigger
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             return limit.max_rows
