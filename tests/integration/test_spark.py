@@ -450,7 +450,10 @@ def test_min_offsets_per_trigger_without_spark(broker):
     assert r.reportLatestOffset() == {"few": {"0": 3, "1": 3}}
     assert r.latestOffset(first, ReadAllAvailable()) == {"few": {"0": 3, "1": 3}}
     run(publish_client(broker, "few", 1, [b"z"]))
-    assert r.latestOffset(first, ReadMinRows(5)) == {"few": {"0": 3, "1": 1}}  # 5 new, 2 of them read
+    second = r.latestOffset(first, ReadMinRows(5))
+    assert second == {"few": {"0": 3, "1": 1}}  # 5 new, 2 of them read
+    r.prepareForTriggerAvailableNow()  # 3 new, but such a run never waits
+    assert r.latestOffset(second, ReadMinRows(5)) == {"few": {"0": 3, "1": 3}}
 
 
 @spark_test
