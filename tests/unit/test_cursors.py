@@ -5,13 +5,13 @@ leaderships."""
 import time
 from types import SimpleNamespace
 
-import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bascule.api.cursors import OLD_OFFSET, CursorError, Cursors, cursor_key, cursor_offset, encode_cursor
+from bascule.h2grpc import Status
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.wire.entry import Record
@@ -157,6 +157,6 @@ async def test_a_cursor_may_name_any_stream_and_partition_but_needs_both_ids(tmp
         for stream, cursor_id, words in [("", "reader", "No stream provided"), ("events", "", "No cursorId provided")]:
             with pytest.raises(CursorError, match=words) as refused:
                 cursors.fetch(stream, 0, cursor_id)
-            assert refused.value.status == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.status == Status.INVALID_ARGUMENT
     finally:
         replica.close()

@@ -4,11 +4,11 @@ itself, or the refusal its ackError names, in Liftbridge's codes and words."""
 import errno
 import os
 
-import grpc
 import pytest
 
 from bascule.api.publish import _accepted
 from bascule.api.status import PublishError, publish_failure
+from bascule.h2grpc import Status
 from bascule.wire.pb import api_pb2
 
 Error = api_pb2.Ack.Error
@@ -21,10 +21,10 @@ def test_an_ack_without_error_is_the_answer():
 
 
 @pytest.mark.parametrize(("error", "status", "async_code", "message"), [
-    (Error.INCORRECT_OFFSET, grpc.StatusCode.UNKNOWN, "INCORRECT_OFFSET", "incorrect expected offset"),
-    (Error.ENCRYPTION, grpc.StatusCode.INTERNAL, "ENCRYPTION_FAILED", "encryption failed on partition"),
-    (Error.UNKNOWN, grpc.StatusCode.UNKNOWN, "UNKNOWN", "unknown error"),
-    (99, grpc.StatusCode.UNKNOWN, "UNKNOWN", "unknown error"),  # a value no Liftbridge version sends
+    (Error.INCORRECT_OFFSET, Status.UNKNOWN, "INCORRECT_OFFSET", "incorrect expected offset"),
+    (Error.ENCRYPTION, Status.INTERNAL, "ENCRYPTION_FAILED", "encryption failed on partition"),
+    (Error.UNKNOWN, Status.UNKNOWN, "UNKNOWN", "unknown error"),
+    (99, Status.UNKNOWN, "UNKNOWN", "unknown error"),  # a value no Liftbridge version sends
 ])
 def test_an_ack_error_is_the_refusal_it_names(error, status, async_code, message):
     with pytest.raises(PublishError) as refused:
@@ -34,7 +34,7 @@ def test_an_ack_error_is_the_refusal_it_names(error, status, async_code, message
 
 def test_a_write_the_leaders_disk_refused_is_unavailable_so_clients_retry_at_the_next_leader():
     refused = publish_failure(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-    assert (refused.status, refused.async_code) == (grpc.StatusCode.UNAVAILABLE, "UNKNOWN")
+    assert (refused.status, refused.async_code) == (Status.UNAVAILABLE, "UNKNOWN")
     assert refused.message.startswith("unavailable: the leader could not store it")
     timed_out = publish_failure(TimeoutError())  # an OSError too, with its own words
     assert timed_out.message == "unavailable: timed out waiting for the ack"

@@ -16,8 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import grpc
-
+from bascule.h2grpc import Status
 from bascule.metadata.state import MetadataState
 
 CLUSTER = "*"
@@ -96,7 +95,7 @@ class Authorization:
     async def check(self, context: Any, rights: Rights, call: str) -> None:
         problem = self.refusal(context, rights, call)
         if problem is not None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+            await context.abort(Status.PERMISSION_DENIED, problem)
 
     def guard(self, action: str, handler: Callable[..., Any], state: Callable[[], MetadataState]) -> Callable[..., Any]:
         """``handler`` (a unary or server-streaming RPC) run only when the call is allowed."""

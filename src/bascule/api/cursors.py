@@ -22,10 +22,10 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
+from bascule.h2grpc import Status
 from bascule.partition.replica import PartitionReplica
 from bascule.wire.entry import Record, decode_entries
 from bascule.wire.names import CURSORS_STREAM
@@ -38,7 +38,7 @@ READ_BYTES = 1 << 20
 
 
 class CursorError(Exception):
-    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+    def __init__(self, status: Status, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
 
@@ -98,12 +98,12 @@ class Cursors:
         cursors = self.cluster.state.streams.get(CURSORS_STREAM)
         count = len(cursors.partitions) if cursors is not None else 0
         if cursors is None or not count:
-            raise CursorError(grpc.StatusCode.INTERNAL, "cursor stream is not enabled (cursors.stream.partitions)")
+            raise CursorError(Status.INTERNAL, "cursor stream is not enabled (cursors.stream.partitions)")
         index = zlib.crc32(key) % count
         local = self.replicas.get(CURSORS_STREAM, index)
         leader = cursors.partitions[index].leader
         if local is None or leader != self.cluster.server_id or not local.replica.is_leader:
-            raise CursorError(grpc.StatusCode.FAILED_PRECONDITION, "Server not cursor partition leader")
+            raise CursorError(Status.FAILED_PRECONDITION, "Server not cursor partition leader")
         return index, local
 
     @staticmethod
@@ -112,9 +112,9 @@ class Cursors:
         not exist (yet, or any more): it is the client's record of a position, kept whatever becomes
         of the stream (deleting a stream leaves its cursors too)."""
         if not stream:
-            raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No stream provided")
+            raise CursorError(Status.INVALID_ARGUMENT, "No stream provided")
         if not cursor_id:
-            raise CursorError(grpc.StatusCode.INVALID_ARGUMENT, "No cursorId provided")
+            raise CursorError(Status.INVALID_ARGUMENT, "No cursorId provided")
 
     async def set(self, stream: str, partition: int, cursor_id: str, offset: int) -> None:
         self._validate(stream, cursor_id)

@@ -6,10 +6,9 @@ nothing (``api.authz``)."""
 
 from __future__ import annotations
 
-import grpc
-
 from bascule.api.ports import Cluster
 from bascule.api.status import metadata_call
+from bascule.h2grpc import Status
 from bascule.metadata.raft import MetadataError
 from bascule.wire.names import consumer_group_id_error, consumer_id_error
 from bascule.wire.pb import api_pb2
@@ -24,7 +23,7 @@ class GroupRPCs:
     async def JoinConsumerGroup(self, request, context):
         await _check_member(request, context)
         if not request.streams:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "No streams provided")
+            await context.abort(Status.INVALID_ARGUMENT, "No streams provided")
         coordinator, epoch = await metadata_call(context, self.cluster.join_consumer_group(
             request.groupId, request.consumerId, sorted(set(request.streams)),
         ))
@@ -46,7 +45,7 @@ class GroupRPCs:
         try:
             epoch, assigned = self.cluster.fetch_group_assignments(request.groupId, request.consumerId, request.epoch)
         except MetadataError as exc:
-            code = grpc.StatusCode.NOT_FOUND if exc.code == "NOT_FOUND" else grpc.StatusCode.FAILED_PRECONDITION
+            code = Status.NOT_FOUND if exc.code == "NOT_FOUND" else Status.FAILED_PRECONDITION
             await context.abort(code, exc.message)
         response = api_pb2.FetchConsumerGroupAssignmentsResponse(epoch=epoch)
         for stream, partitions in sorted(assigned.items()):
@@ -56,7 +55,7 @@ class GroupRPCs:
     async def ReportConsumerGroupCoordinator(self, request, context):
         await _check_member(request, context)
         if not request.coordinator:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "No coordinator provided")
+            await context.abort(Status.INVALID_ARGUMENT, "No coordinator provided")
         await metadata_call(context, self.cluster.call(
             "report_group_coordinator", group=request.groupId, consumer=request.consumerId,
             coordinator=request.coordinator, epoch=request.epoch,
@@ -68,4 +67,4 @@ async def _check_member(request, context) -> None:
     """Liftbridge's checks of the ids every group RPC names, in its words, then bascule's bounds."""
     for problem in (consumer_group_id_error(request.groupId), consumer_id_error(request.consumerId)):
         if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await context.abort(Status.INVALID_ARGUMENT, problem)

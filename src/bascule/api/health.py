@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-import grpc
-
+from bascule.h2grpc import Status
 from bascule.wire.pb import health_pb2
 
 ServingStatus = health_pb2.HealthCheckResponse.ServingStatus
@@ -32,7 +31,7 @@ class Health:
 
     async def Check(self, request, context):
         if request.service not in self._services:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            await context.abort(Status.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=self._status(request.service))
 
     async def Watch(self, request, context):

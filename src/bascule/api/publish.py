@@ -14,12 +14,10 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-import grpc
-
 from bascule.api.authz import Authorization, ack_inbox_rights
 from bascule.api.ports import Cluster, LedPartition, Publishing, Replicas
 from bascule.api.status import PublishError, publish_failure
-from bascule.h2grpc import Framed
+from bascule.h2grpc import Framed, Status
 from bascule.h2grpc.messages import frame
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.state import MetadataState
@@ -152,12 +150,12 @@ class PublishRPCs:
         self._check_message(request.ByteSize(), request.headers)
         local = self._lane(request.stream, request.partition).local
         if request.ackPolicy == capture.NONE and self._concurrency_controlled(request.stream, request.partition):
-            raise PublishError(grpc.StatusCode.INVALID_ARGUMENT,
+            raise PublishError(Status.INVALID_ARGUMENT,
                                "stream with concurrency control must have AckPolicy set", "BAD_REQUEST")
         if request.ackInbox:
             problem = publish_subject_error(request.ackInbox)
             if problem:
-                raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"ackInbox: {problem}", "BAD_REQUEST")
+                raise PublishError(Status.INVALID_ARGUMENT, f"ackInbox: {problem}", "BAD_REQUEST")
             return None  # through NATS, as Liftbridge: the partition leader acks to that inbox
         return local
 
@@ -172,9 +170,9 @@ class PublishRPCs:
             return lane
         meta = state.partition(stream, partition)
         if meta is None:
-            raise PublishError(grpc.StatusCode.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
+            raise PublishError(Status.NOT_FOUND, "No such stream or partition", "NOT_FOUND")
         if meta.readonly:
-            raise PublishError(grpc.StatusCode.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
+            raise PublishError(Status.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
         shared = self._shared_subject(stream, partition)
         writable = not meta.paused and meta.leader == self.cluster.server_id and not shared
         lane = _Lane(self.replicas.get(stream, partition) if writable else None, meta.paused)
@@ -237,7 +235,7 @@ class PublishRPCs:
         elif any(len(name.encode()) > MAX_HEADER_NAME_BYTES for name in headers):
             problem = f"a header name exceeds the limit of {MAX_HEADER_NAME_BYTES} bytes"
         if problem:
-            raise PublishError(grpc.StatusCode.INVALID_ARGUMENT, problem, "BAD_REQUEST")
+            raise PublishError(Status.INVALID_ARGUMENT, problem, "BAD_REQUEST")
 
     async def PublishAsync(self, request_iterator, context):
         """Requests are appended without a task each: those ready together on a partition this
@@ -268,7 +266,7 @@ class PublishRPCs:
         problem = self.authorization.refusal(context, rights, "Publish")
         if problem is None:
             return None
-        return PublishError(grpc.StatusCode.PERMISSION_DENIED, problem, "PERMISSION_DENIED")
+        return PublishError(Status.PERMISSION_DENIED, problem, "PERMISSION_DENIED")
 
     async def PublishToSubject(self, request, context):
         message = api_pb2.Message(
@@ -280,7 +278,7 @@ class PublishRPCs:
         problem = publish_subject_error(request.subject) or (
             request.ackInbox and publish_subject_error(request.ackInbox))
         if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await context.abort(Status.INVALID_ARGUMENT, problem)
         try:
             self._check_message(message.ByteSize(), message.headers)
             # Given up on just before the call's deadline, so that the client hears Liftbridge's answer
@@ -288,7 +286,7 @@ class PublishRPCs:
             ack = await self.publishing.publish_to_subject(
                 request.subject, message, wait, None if remaining is None else max(0.0, remaining - DEADLINE_MARGIN))
         except TimeoutError:
-            await context.abort(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
+            await context.abort(Status.UNKNOWN, "context deadline exceeded")
         except Exception as exc:
             failure = publish_failure(exc)
             await context.abort(failure.status, failure.message)
@@ -323,7 +321,7 @@ def _leader(state: MetadataState, request: api_pb2.PublishRequest) -> str:
 def _incorrect_offset() -> PublishError:
     # Liftbridge's words and codes: PublishAsync's INCORRECT_OFFSET, and Publish's UNKNOWN (it maps
     # that code to no better status).
-    return PublishError(grpc.StatusCode.UNKNOWN, "incorrect expected offset", "INCORRECT_OFFSET")
+    return PublishError(Status.UNKNOWN, "incorrect expected offset", "INCORRECT_OFFSET")
 
 
 def _accepted(ack: api_pb2.Ack | None) -> api_pb2.Ack | None:
@@ -333,8 +331,8 @@ def _accepted(ack: api_pb2.Ack | None) -> api_pb2.Ack | None:
     if ack.ackError == api_pb2.Ack.Error.INCORRECT_OFFSET:
         raise _incorrect_offset()
     if ack.ackError == api_pb2.Ack.Error.ENCRYPTION:  # the leader could not seal it (no master key)
-        raise PublishError(grpc.StatusCode.INTERNAL, "encryption failed on partition", "ENCRYPTION_FAILED")
-    raise PublishError(grpc.StatusCode.UNKNOWN, "unknown error", "UNKNOWN")
+        raise PublishError(Status.INTERNAL, "encryption failed on partition", "ENCRYPTION_FAILED")
+    raise PublishError(Status.UNKNOWN, "unknown error", "UNKNOWN")
 
 
 def _async_error(request: api_pb2.PublishRequest, error: PublishError) -> api_pb2.PublishResponse:

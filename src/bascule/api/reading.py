@@ -3,28 +3,18 @@ client allows it, hold a replica of it)."""
 
 from __future__ import annotations
 
-from typing import NoReturn, Protocol
-
-import grpc
-
 from bascule.api.ports import Cluster, LedPartition, Replicas
-
-
-class AbortingContext(Protocol):
-    """The part of a grpc.aio.ServicerContext used here: grpc has no py.typed marker, so type
-    checkers do not read its annotations, and would not know that abort always raises."""
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
+from bascule.h2grpc import CallContext, Status
 
 
 async def readable_partition(
-    cluster: Cluster, replicas: Replicas, stream: str, partition: int, context: AbortingContext,
+    cluster: Cluster, replicas: Replicas, stream: str, partition: int, context: CallContext,
     allow_isr: bool = False,
 ) -> LedPartition:
     """The local replica to read ``stream``/``partition`` from, or the call aborted."""
     meta = cluster.state.partition(stream, partition)
     if meta is None:
-        await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+        await context.abort(Status.NOT_FOUND, "No such partition")
     local = replicas.get(stream, partition)
     leads = meta.leader == cluster.server_id
     if leads and (local is None or not local.replica.is_leader):
@@ -35,5 +25,5 @@ async def readable_partition(
     # Liftbridge's readISRReplica: any replica here serves what it knows to be committed.
     readable = leads or allow_isr
     if local is None or not readable:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
+        await context.abort(Status.FAILED_PRECONDITION, "Server not partition leader")
     return local

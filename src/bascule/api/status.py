@@ -8,8 +8,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import grpc
-
+from bascule.h2grpc import CallContext, Status
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.partition.encryption import EncryptionUnavailable
 from bascule.partition.replica import NotLeader, PartitionClosed
@@ -23,33 +22,33 @@ NO_LEADER = "no known metadata leader"
 UNAVAILABLE = "unavailable"  # how a transient failure's message starts (PublishAsync has no such code)
 
 METADATA_CODES = {
-    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "NOT_FOUND": Status.NOT_FOUND,
+    "ALREADY_EXISTS": Status.ALREADY_EXISTS,
+    "INVALID_ARGUMENT": Status.INVALID_ARGUMENT,
+    "FAILED_PRECONDITION": Status.FAILED_PRECONDITION,
 }
 
 
-async def metadata_call(context: grpc.aio.ServicerContext, proposal: Awaitable[T]) -> T:
+async def metadata_call(context: CallContext, proposal: Awaitable[T]) -> T:
     """Await a metadata change, and what it returns; its refusal aborts the call with the matching status."""
     try:
         return await proposal
     except MetadataError as exc:
-        await context.abort(METADATA_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message)
+        await context.abort(METADATA_CODES.get(exc.code, Status.INTERNAL), exc.message)
     except NoMetadataLeader:
         # Liftbridge's words, but UNAVAILABLE: clients retry that, and it is transient.
-        await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
+        await context.abort(Status.UNAVAILABLE, NO_LEADER)
     raise AssertionError("unreachable: abort raises")
 
 
-async def refuse_internal_stream(name: str, context: grpc.aio.ServicerContext) -> None:
+async def refuse_internal_stream(name: str, context: CallContext) -> None:
     """The internal streams (cursors) are the server's own: clients may not delete or stop them."""
     if name in RESERVED_STREAMS:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Stream is reserved")  # Liftbridge's words
+        await context.abort(Status.INVALID_ARGUMENT, "Stream is reserved")  # Liftbridge's words
 
 
 class PublishError(Exception):
-    def __init__(self, status: grpc.StatusCode, message: str, async_code: str) -> None:
+    def __init__(self, status: Status, message: str, async_code: str) -> None:
         super().__init__(message)
         self.status, self.message, self.async_code = status, message, async_code
 
@@ -61,23 +60,23 @@ def publish_failure(error: BaseException) -> PublishError:
     if isinstance(error, PublishError):
         return error
     if isinstance(error, MetadataError):
-        status = METADATA_CODES.get(error.code, grpc.StatusCode.INTERNAL)
-        async_code = "NOT_FOUND" if status is grpc.StatusCode.NOT_FOUND else "BAD_REQUEST"
+        status = METADATA_CODES.get(error.code, Status.INTERNAL)
+        async_code = "NOT_FOUND" if status is Status.NOT_FOUND else "BAD_REQUEST"
         return PublishError(status, error.message, async_code)
     if isinstance(error, NoMetadataLeader):
-        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {NO_LEADER}", "UNKNOWN")
+        return PublishError(Status.UNAVAILABLE, f"{UNAVAILABLE}: {NO_LEADER}", "UNKNOWN")
     if isinstance(error, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
-        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
+        return PublishError(Status.UNAVAILABLE, f"{UNAVAILABLE}: timed out waiting for the ack", "UNKNOWN")
     if isinstance(error, (PartitionClosed, NotLeader, asyncio.CancelledError)):
-        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
+        return PublishError(Status.UNAVAILABLE, f"{UNAVAILABLE}: {error}", "UNKNOWN")
     if isinstance(error, OSError):
         # The leader's disk refused the write (full, say): it hands the partition to another ISR
         # member (node.maintenance), so a retry finds a leader that can store it.
-        return PublishError(grpc.StatusCode.UNAVAILABLE, f"{UNAVAILABLE}: the leader could not store it: {error}",
+        return PublishError(Status.UNAVAILABLE, f"{UNAVAILABLE}: the leader could not store it: {error}",
                             "UNKNOWN")
     if isinstance(error, EncryptionUnavailable):  # Liftbridge's code and words (Publish: INTERNAL)
-        return PublishError(grpc.StatusCode.INTERNAL, f"encryption failed on partition: {error}", "ENCRYPTION_FAILED")
+        return PublishError(Status.INTERNAL, f"encryption failed on partition: {error}", "ENCRYPTION_FAILED")
     if isinstance(error, ValueError):  # a record the log cannot encode
-        return PublishError(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {error}", "BAD_REQUEST")
+        return PublishError(Status.INVALID_ARGUMENT, f"bad message: {error}", "BAD_REQUEST")
     log.error("publish failed", exc_info=error)
-    return PublishError(grpc.StatusCode.INTERNAL, f"publish failed: {error}", "INTERNAL")
+    return PublishError(Status.INTERNAL, f"publish failed: {error}", "INTERNAL")

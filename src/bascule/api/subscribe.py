@@ -8,8 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
-
 from bascule.api import positions
 from bascule.api.ports import Cluster, Replicas
 from bascule.api.reading import readable_partition
@@ -80,7 +78,7 @@ class SubscribeRPCs:
         replica, offset, last, reader = await self._open(request, context, empty_range_is_invalid=True)
         try:
             if request.reverse and replica.high_watermark < 0:  # Liftbridge's reverse reader needs one
-                await context.abort(grpc.StatusCode.INTERNAL, "Failed to create stream reader: segment not found")
+                await context.abort(Status.INTERNAL, "Failed to create stream reader: segment not found")
             yield api_pb2.Message()  # handshake: clients wait for it before reading
             walk = MessageEncoder(request.stream, request.partition).walk
             displaced = reader.displaced if reader else None
@@ -103,14 +101,14 @@ class SubscribeRPCs:
             return None
         if not consumer:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Consumer id cannot be empty when group id is provided"
+                Status.INVALID_ARGUMENT, "Consumer id cannot be empty when group id is provided"
             )
         meta = self.cluster.state.partition(request.stream, request.partition)
         if meta is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+            await context.abort(Status.NOT_FOUND, "No such partition")
         leads = meta is not None and meta.leader == self.cluster.server_id
         if request.readISRReplica and not leads:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Consumer groups not compatible with ReadISRReplica")
+            await context.abort(Status.INVALID_ARGUMENT, "Consumer groups not compatible with ReadISRReplica")
         state = await self._group_state(group_id, request.consumer.groupEpoch)
         problem = subscription_error(
             state.groups.get(group_id), consumer, request.consumer.groupEpoch,
@@ -120,7 +118,7 @@ class SubscribeRPCs:
             request.stream, request.partition, group_id, consumer, request.consumer.groupEpoch
         )
         if reader is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem or NOT_ASSIGNED)
+            await context.abort(Status.FAILED_PRECONDITION, problem or NOT_ASSIGNED)
         return reader
 
     async def _group_state(self, group_id: str, epoch: int) -> MetadataState:
@@ -132,7 +130,7 @@ class SubscribeRPCs:
     async def SubscribeBatches(self, request, context):
         if request.maxBytes > MAX_BATCH_BYTES:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
+                Status.INVALID_ARGUMENT, f"maxBytes {request.maxBytes} exceeds the limit of {MAX_BATCH_BYTES}"
             )
         subscribe = as_subscribe_request(request)
         replica, offset, last, _ = await self._open(subscribe, context, empty_range_is_invalid=False)
@@ -157,7 +155,7 @@ class SubscribeRPCs:
         )
         replica = local.replica
         if replica.values is not None and replica.values.problem is not None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+            await context.abort(Status.FAILED_PRECONDITION,
                                 f"Partition is encrypted and this server has no valid key: {replica.values.problem}")
         bounds = positions.LogBounds(replica.oldest_offset, replica.newest_offset)
         try:
@@ -168,7 +166,7 @@ class SubscribeRPCs:
             elif last is not None and start > last:
                 raise positions.EndOfStream("Stop position reached")
         except positions.PositionError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(Status.INVALID_ARGUMENT, str(exc))
         except positions.EndOfStream as exc:
             raise Ended(Status.RESOURCE_EXHAUSTED, str(exc)) from None
         # Last, as Liftbridge does: a call refused for anything else displaces no reader.
@@ -181,7 +179,7 @@ async def _committed(
     last: int | None,
     max_bytes: int,
     walk: EntryWalk,
-    context: grpc.aio.ServicerContext,
+    context: CallContext,
     displaced: asyncio.Event | None = None,
 ) -> AsyncIterator[tuple[bytes, int]]:
     """What ``walk`` makes of the committed entries from ``offset`` to ``last`` (None: on and
@@ -213,7 +211,7 @@ async def _reversed(
     last: int | None,
     max_bytes: int,
     walk: EntryWalk,
-    context: grpc.aio.ServicerContext,
+    context: CallContext,
     displaced: asyncio.Event | None = None,
 ) -> AsyncIterator[tuple[bytes, int]]:
     """Liftbridge's reverse subscription: the committed messages from ``start`` (the HW at most)
@@ -238,7 +236,7 @@ async def _reversed(
 
 
 async def _forwards(
-    replica: PartitionReplica, low: int, high: int, max_bytes: int, walk: EntryWalk, context: grpc.aio.ServicerContext,
+    replica: PartitionReplica, low: int, high: int, max_bytes: int, walk: EntryWalk, context: CallContext,
 ) -> list[bytes]:
     """The committed messages ``low`` to ``high`` as ``walk`` frames them, each on its own, oldest first."""
     messages, offset = [], low
@@ -264,10 +262,10 @@ async def _read(
         return replica.read_committed_through(offset, max_bytes, last, walk)
     except CorruptEntry as exc:
         log.error("corrupt entry in %s/%s: %s", replica.stream, replica.partition, exc)
-        await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
+        await context.abort(Status.DATA_LOSS, f"corrupt entry at offset {offset}: {exc}")
     except DecryptionFailed as exc:
         log.error("a value of %s/%s does not decrypt: %s", replica.stream, replica.partition, exc)
-        await context.abort(grpc.StatusCode.DATA_LOSS, f"encrypted value does not decrypt at {exc}")
+        await context.abort(Status.DATA_LOSS, f"encrypted value does not decrypt at {exc}")
 
 
 async def _idle(replica: PartitionReplica, displaced: asyncio.Event | None) -> None:
@@ -283,10 +281,10 @@ async def _idle(replica: PartitionReplica, displaced: asyncio.Event | None) -> N
             wait.cancel()
 
 
-async def _end_of_data(replica: PartitionReplica, offset: int, context: grpc.aio.ServicerContext) -> None:
+async def _end_of_data(replica: PartitionReplica, offset: int, context: CallContext) -> None:
     if replica.closed:
-        await context.abort(grpc.StatusCode.NOT_FOUND, "Partition deleted")
+        await context.abort(Status.NOT_FOUND, "Partition deleted")
     if replica.paused:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Partition paused")
+        await context.abort(Status.FAILED_PRECONDITION, "Partition paused")
     if replica.readonly and offset > replica.newest_offset:
         raise Ended(Status.RESOURCE_EXHAUSTED, "End of readonly partition")

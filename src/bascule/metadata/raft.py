@@ -263,7 +263,9 @@ class MetadataRaft:
         raft_standing.stand_only_while(self._sync, standing_until)
 
     def close(self) -> None:
-        self._sync.destroy()
+        """Stop Raft and wait for its tick thread to close every socket: once this returns, the Raft port is
+        free for the next start (a restart in the same process included)."""
+        self._sync.destroy_synchronous()
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
