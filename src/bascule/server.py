@@ -13,9 +13,7 @@ import resource
 import signal
 import sys
 from collections.abc import Coroutine
-from typing import Any
-
-import casbin
+from typing import TYPE_CHECKING, Any
 
 from bascule import logs
 from bascule.api.authz import Authorization
@@ -25,9 +23,11 @@ from bascule.config.model import MetricsConfig
 from bascule.config.values import join_host_port
 from bascule.h2grpc import GrpcLimits, GrpcServer, server_tls_context
 from bascule.listening import naming_listener
-from bascule.metrics import GrpcCalls, MetricsServer
 from bascule.node.node import Node
 from bascule.node.tasks import Tasks
+
+if TYPE_CHECKING:
+    from bascule.metrics import GrpcCalls, MetricsServer
 
 log = logging.getLogger("bascule")
 
@@ -72,7 +72,7 @@ async def _serve(
     node = Node(config, tasks)
     if nodes is not None:
         nodes.append(node)
-    grpc_calls = GrpcCalls() if config.metrics.port is not None else None  # observed only for the endpoint
+    grpc_calls = _grpc_calls(config.metrics)
     server = GrpcServer(ssl_context=tls, observer=None if grpc_calls is None else grpc_calls.observe,
                         limits=grpc_limits_for_open_files(config.grpc))
     metrics = None
@@ -123,10 +123,22 @@ async def _started_unless_stopped(starting: Coroutine[Any, Any, None], stop: asy
     return True
 
 
+# Imported only where used, as casbin below: each costs megabytes of every node's memory (issue 30).
+def _grpc_calls(config: MetricsConfig) -> GrpcCalls | None:
+    """The gRPC calls' counts, kept only for a metrics endpoint."""
+    if config.port is None:
+        return None
+    from bascule.metrics import GrpcCalls
+
+    return GrpcCalls()
+
+
 async def _start_metrics(config: MetricsConfig, node: Node, grpc_calls: GrpcCalls | None) -> MetricsServer | None:
     """The metrics, /healthz and /readyz endpoint, when configured."""
     if config.port is None:
         return None
+    from bascule.metrics import MetricsServer
+
     metrics = MetricsServer(node, grpc_calls)
     with naming_listener("the metrics endpoint", config.host, config.port, "metrics.listen, --metrics-port"):
         await metrics.start(config.host, config.port)
@@ -138,6 +150,8 @@ def _authorization(config: Config) -> Authorization | None:
     """Liftbridge's tls.client.authz: a Casbin enforcer on the configured model and policy files."""
     if not config.tls.client_authz:
         return None
+    import casbin
+
     return Authorization(casbin.Enforcer(config.tls.client_authz_model, config.tls.client_authz_policy))
 
 

@@ -1,0 +1,14 @@
+"""The server imports heavy libraries only where they are used: grpcio (about 10 MiB of resident memory)
+never, as the server speaks gRPC through h2grpc; prometheus_client (5 MiB) only for a metrics endpoint;
+casbin (3 MiB) only for authorization. A plain import of the server must not pull them back in."""
+
+import subprocess
+import sys
+
+LEFT_OUT = ("grpc", "prometheus_client", "casbin")
+
+
+def test_the_server_starts_without_grpcio_prometheus_client_or_casbin():
+    probe = f"import sys, bascule.server; print(sorted(m for m in {LEFT_OUT!r} if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
