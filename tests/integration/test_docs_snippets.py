@@ -67,7 +67,7 @@ TRYING_IT = ("README.md", ".venv/bin/bascule wait                               
              "serves (a few seconds after `make run`)")
 PYTHON_CLIENT = ("README.md", "import asyncio")
 CLUSTER = ("README.md", 'export BASCULE_RAFT_PASSWORD="$(head -c 24 /dev/urandom | base64)"')
-CLUSTER_STOP = ("README.md", "kill $(jobs -p); wait")
+CLUSTER_STOP = ("README.md", "nodes=$(jobs -p | tail -n +2)   # the nodes' process ids")
 PROMETHEUS_RULE_FILES = ("docs/operations.md", "rule_files:")
 RUN_HERE = {TRYING_IT, PYTHON_CLIENT, CLUSTER, CLUSTER_STOP, PROMETHEUS_RULE_FILES}
 
@@ -314,7 +314,8 @@ def test_the_python_client_snippet_prints_what_its_comment_says(make_run):
 
 def test_the_one_machine_cluster_snippet_forms_a_cluster_of_three_and_stops(tmp_path):
     """As written but for its ports, each replaced by a free one; then the block that stops it, in the same
-    shell. `bascule wait --brokers 3` must see the joiners within its 30 s."""
+    shell. `bascule wait --brokers 3` must see the joiners within its 30 s, and each node must exit with
+    status 0 (`wait $nodes` under bash -e: the last one's)."""
     source = the_block(CLUSTER).source + the_block(CLUSTER_STOP).source
     ports = sorted(set(re.findall(r"(?:127\.0\.0\.1:|-p )(\d{4,5})\b", source)))
     assert len(ports) == 7, ports  # NATS, three gRPC APIs, three Raft transports
