@@ -7,6 +7,7 @@ gRPC API is built beside it by the composition root (``bascule.server``), from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -288,7 +289,10 @@ class Node:
         if self._capture_connection is not None:
             await self._capture_connection.close()
         if self._nats is not None and not self._nats.is_closed:
-            await self._nats.close()
+            # nats-py's close flushes what is queued and raises when NATS went away in the meantime (it is
+            # often stopped with the node): nothing queued then can still be delivered, and the node is done.
+            with contextlib.suppress(ConnectionError):
+                await self._nats.close()
         if self._embedded is not None:
             await self._embedded.stop()
 
