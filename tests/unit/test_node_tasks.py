@@ -32,3 +32,18 @@ async def test_close_cancels_again_a_task_that_swallowed_its_cancellation(monkey
         await asyncio.wait_for(owner.close(), 5)
     assert task is not None and task.cancelled() and cancels == 2
     assert owner.start(stubborn(), "late") is None
+
+
+async def test_a_one_shot_task_cancelled_before_it_ran_leaves_no_coroutine_unawaited():
+    ran = False
+
+    async def report() -> None:
+        nonlocal ran
+        ran = True
+
+    work = report()
+    async with asyncio.TaskGroup() as group:
+        owner = Tasks(group)
+        owner.spawn(work, "report")
+        await owner.close()  # before the task's first step
+    assert not ran and work.cr_frame is None  # closed: no "was never awaited" when it is collected

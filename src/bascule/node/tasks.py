@@ -40,7 +40,11 @@ class Tasks:
         if self.closing:
             work.close()  # closing the wrapper below would leave ``work`` never awaited
             return None
-        return self.start(self._logged(work, name), name)
+        task = self.start(self._logged(work, name), name)
+        if task is not None:
+            # A task cancelled before its first step (the node stopping) never awaits ``work``.
+            task.add_done_callback(lambda _: work.close())
+        return task
 
     async def _logged(self, work: Coroutine[Any, Any, Any], name: str) -> None:
         try:
