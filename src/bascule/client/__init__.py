@@ -10,8 +10,6 @@
 from bascule.client.core import DEFAULT_RESUBSCRIBE_WAIT, Client, _as_dict
 from bascule.client.groups import Consumer
 from bascule.client.model import (
-    ACK_POLICIES,
-    START_POSITIONS,
     Ack,
     Assignments,
     BasculeError,
@@ -27,6 +25,7 @@ from bascule.client.reading import subscribe_batches as _subscribe_batches
 from bascule.client.reading import subscribe_messages as _subscribe_messages
 from bascule.client.settings import StreamSettings
 from bascule.client.tls import ClientTls
+from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
 
 __all__ = [
     "ACK_POLICIES", "DEFAULT_RESUBSCRIBE_WAIT", "START_POSITIONS", "Ack", "Assignments", "BasculeError", "Client",

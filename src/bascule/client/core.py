@@ -21,8 +21,6 @@ from google.protobuf.message import Message as ProtoMessage
 
 from bascule.client.groups import Consumer
 from bascule.client.model import (
-    ACK_POLICIES,
-    START_POSITIONS,
     Ack,
     Assignments,
     BasculeError,
@@ -51,6 +49,7 @@ from bascule.client.routing import (
 from bascule.client.settings import StreamSettings
 from bascule.client.tls import ClientTls
 from bascule.wire.pb import admin_pb2, admin_pb2_grpc, api_pb2
+from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
 
 RETRY_FIRST_DELAY = 0.05
 RETRY_MAX_DELAY = 1.0

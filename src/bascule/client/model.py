@@ -8,15 +8,6 @@ import grpc
 
 from bascule.wire.pb import api_pb2
 
-ACK_POLICIES = {"leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL, "none": api_pb2.AckPolicy.NONE}
-START_POSITIONS = {
-    "new": api_pb2.StartPosition.NEW_ONLY,
-    "earliest": api_pb2.StartPosition.EARLIEST,
-    "latest": api_pb2.StartPosition.LATEST,
-    "offset": api_pb2.StartPosition.OFFSET,
-    "timestamp": api_pb2.StartPosition.TIMESTAMP,
-}
-
 
 class BasculeError(Exception):
     """A failed call: ``code`` is the gRPC status code, ``message`` the server's reason."""

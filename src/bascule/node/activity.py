@@ -21,12 +21,12 @@ from bascule.metadata.state import ALREADY_EXISTS, ActivityEvent
 from bascule.node.publishing import PublishPath
 from bascule.wire.names import ACTIVITY_STREAM
 from bascule.wire.pb import api_pb2
+from bascule.wire.policies import ACK_POLICIES
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL = 0.1  # seconds between looks at the metadata while there is nothing to publish
 MAX_BACKOFF = 10.0
-ACK_POLICIES = {"none": api_pb2.AckPolicy.NONE, "leader": api_pb2.AckPolicy.LEADER, "all": api_pb2.AckPolicy.ALL}
 
 Call = Callable[..., Awaitable[None]]
 

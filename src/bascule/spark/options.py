@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from bascule.spark.errors import BasculeSparkError
+from bascule.wire.policies import ACK_POLICIES
 
 EARLIEST = -2  # in offset JSON, as in Spark's Kafka source
 LATEST = -1
 
-ACK_POLICIES = ("all", "leader", "none")
+ACK_POLICY_NAMES = tuple(sorted(ACK_POLICIES))
 PARTITIONERS = ("key", "roundrobin")
 TIMESTAMP_STRATEGIES = ("error", "latest")
 
@@ -488,7 +489,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     return WriteOptions(
         brokers=_brokers(options),
         stream=stream,
-        ack_policy=_choice(options, "ackpolicy", ACK_POLICIES, "all"),
+        ack_policy=_choice(options, "ackpolicy", ACK_POLICY_NAMES, "all"),
         partitioner=_choice(options, "partitioner", PARTITIONERS, "key"),
         write_batch_size=_int(options, "writebatchsize", 1000, 1),
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),

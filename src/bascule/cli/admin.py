@@ -1,9 +1,4 @@
-"""The ``bascule`` command: the server, and Liftbridge-style admin commands.
-
-Admin commands print tables for people and JSON with ``--json`` (camelCase keys, as Liftbridge's JSON
-has them; bytes in base64); a failure is one line on stderr and an exit status that says what failed
-(EXIT_STATUS below).
-"""
+"""The admin commands of ``bascule``: each asks the first reachable server through bascule's client."""
 
 from __future__ import annotations
 
@@ -17,246 +12,26 @@ import socket
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from importlib.metadata import version
 from typing import Any
 
 import grpc
 
-from bascule.client import ACK_POLICIES, START_POSITIONS, BasculeError, Client, ClientTls
+from bascule.cli import (
+    ADDRESS_ENV,
+    DEFAULT_ADDRESS,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_UNREACHABLE,
+    _addresses,
+    _host_and_port,
+)
+from bascule.client import BasculeError, Client, ClientTls, _as_dict
 from bascule.wire.pb import admin_pb2, admin_pb2_grpc
-
-EXIT_ERROR = 1  # the server refused or failed the request, or did not answer in time
-EXIT_USAGE = 2  # argparse's own status for bad flags
-EXIT_UNREACHABLE = 3
-EXIT_INTERRUPTED = 130
-
-ADDRESS_ENV = "BASCULE_ADDRESS"
-DEFAULT_ADDRESS = "127.0.0.1:9292"
-
-EPILOG = f"""\
-addresses:
-  -a/--address HOST:PORT, before or after the command, repeatable or comma-separated; else
-  ${ADDRESS_ENV} (comma-separated); else {DEFAULT_ADDRESS}. The first address that accepts a
-  connection within --connect-timeout is asked first, the others if it fails.
-
-flags that mean the same in every command:
-  -s/--stream NAME, -p/--partition ID, -o/--offset OFFSET, -n/--count N (messages), -c/--cursor ID,
-  -k/--key, -m/--message, -H/--header, -g/--group, -r/--replication-factor.
-  `bascule server` takes Liftbridge's server flags instead (there -n is --nats-servers, -p --port).
-
-exit status:
-  {0} done
-  {EXIT_ERROR} the server refused or failed the request, or gave no answer within --timeout
-  {EXIT_USAGE} usage error: a bad flag, address, offset or other argument
-  {EXIT_UNREACHABLE} no server reachable at any address
-  {EXIT_INTERRUPTED} interrupted (Ctrl-C)
-"""
 
 
 class Unreachable(Exception):
     """No address accepted a connection."""
 
-
-# --- argument types: each refuses a bad value with a usage error that says why ---
-
-
-def _addresses(value: str) -> list[str]:
-    addresses = [item.strip() for item in value.split(",") if item.strip()]
-    if not addresses:
-        raise argparse.ArgumentTypeError("no address given")
-    for address in addresses:
-        _host_and_port(address)
-    return addresses
-
-
-def _host_and_port(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")  # [::1]:9292
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{address!r} is not HOST:PORT")
-    return host, int(port)
-
-
-def _non_negative(value: str) -> int:
-    number = _integer(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is negative")
-    return number
-
-
-def _positive(value: str) -> int:
-    number = _integer(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not at least 1")
-    return number
-
-
-def _integer(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
-    return seconds
-
-
-def _header(value: str) -> tuple[str, bytes]:
-    name, sep, header_value = value.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=VALUE")
-    return name, header_value.encode()
-
-
-# --- the parser ---
-
-
-def _connection_options(parser: argparse.ArgumentParser, per_command: bool) -> None:
-    """The options every admin command takes, before the command (global) or after it. After it, a
-    flag not given keeps the global value (SUPPRESS), and addresses add to the global ones."""
-
-    def default(value: Any) -> Any:
-        return argparse.SUPPRESS if per_command else value
-
-    parser.add_argument("-a", "--address", dest="command_addresses" if per_command else "addresses",
-                        type=_addresses, action="extend", default=default([]), metavar="HOST:PORT[,...]",
-                        help=f"server addresses (repeatable; default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})")
-    parser.add_argument("--json", action="store_true", default=default(False),
-                        help="print JSON (camelCase keys, bytes in base64) instead of a table")
-    parser.add_argument("--timeout", type=_seconds, default=default(10.0), metavar="SECONDS",
-                        help="seconds to wait for a reply (default 10)")
-    parser.add_argument("--connect-timeout", type=_seconds, default=default(1.0), metavar="SECONDS",
-                        help="seconds to wait for each address to accept a connection (default 1)")
-    parser.add_argument("--tls-ca", metavar="FILE", default=default(None),
-                        help="TLS: the CA that signed the server's certificate")
-    parser.add_argument("--tls-cert", metavar="FILE", default=default(None),
-                        help="TLS: this client's certificate (mutual TLS)")
-    parser.add_argument("--tls-key", metavar="FILE", default=default(None), help="TLS: the key of --tls-cert")
-
-
-def _stream(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-s", "--stream", required=True, help="stream name")
-
-
-def _partition(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-p", "--partition", type=_non_negative, default=0, help="partition (default 0)")
-
-
-def _target_partitions(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-p", "--partition", "--partitions", dest="partitions", type=_non_negative,
-                        action="append", default=[], help="target partition (repeatable; default all)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from bascule.config import add_server_arguments
-
-    parser = argparse.ArgumentParser(
-        prog="bascule", description="Durable, replicated streams on NATS", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"bascule {version('bascule')}")
-    _connection_options(parser, per_command=False)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    server = commands.add_parser("server", help="run a bascule server")
-    add_server_arguments(server)
-
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help, epilog=EPILOG,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-        _connection_options(sub, per_command=True)
-        sub.set_defaults(command_parser=sub)  # for usage errors that only a whole command line shows
-        return sub
-
-    create = command("create", "create a stream")
-    _stream(create)
-    create.add_argument("--subject", help="NATS subject (default: the stream name)")
-    create.add_argument("-g", "--group", default="", help="NATS queue group")
-    create.add_argument("--partitions", type=_positive, default=1, help="number of partitions (default 1)")
-    create.add_argument("-r", "--replication-factor", type=int, default=1, help="replicas (-1: all brokers)")
-    create.add_argument("--min-isr", type=_non_negative, help="minimum in-sync replicas")
-    create.add_argument("--retention-max-bytes", type=_non_negative)
-    create.add_argument("--retention-max-messages", type=_non_negative)
-    create.add_argument("--retention-max-age", type=float, help="seconds")
-    create.add_argument("--compact", dest="compact_enabled", action="store_true", default=None,
-                        help="compact by key (compactEnabled)")
-    create.add_argument("--encryption", action="store_true", default=None,
-                        help="encrypt values at rest (every node needs LIFTBRIDGE_ENCRYPTION_KEY)")
-
-    delete = command("delete", "delete a stream")
-    _stream(delete)
-
-    publish = command("publish", "publish messages to a stream partition")
-    _stream(publish)
-    _partition(publish)
-    publish.add_argument("-m", "--message", action="append", required=True, help="message value (repeatable)")
-    publish.add_argument("-k", "--key", help="message key")
-    publish.add_argument("-H", "--header", type=_header, action="append", default=[],
-                         help="header NAME=VALUE (repeatable)")
-    publish.add_argument("--ack-policy", choices=sorted(ACK_POLICIES), default="leader")
-
-    subscribe = command("subscribe", "read messages from a stream partition")
-    _stream(subscribe)
-    _partition(subscribe)
-    subscribe.add_argument("--start", choices=sorted(START_POSITIONS),
-                           help="where to start (default earliest; offset with -o, timestamp with --timestamp)")
-    subscribe.add_argument("-o", "--offset", type=_non_negative, help="start at this offset")
-    subscribe.add_argument("--timestamp", type=_non_negative, help="start at this time (ns since the epoch)")
-    subscribe.add_argument("-n", "--count", type=_non_negative, help="exit after this many messages")
-    subscribe.add_argument("--stop-latest", action="store_true", help="exit after the newest message")
-    subscribe.add_argument("--read-isr-replica", action="store_true", help="read from any ISR replica")
-    subscribe.add_argument("--reverse", action="store_true", help="newest first, back to the oldest message")
-
-    wait = command("wait", "wait until a server answers and its metadata lists enough brokers (a starting "
-                           "node, a forming cluster), then print them")
-    wait.add_argument("--brokers", type=_positive, default=1, metavar="N", help="brokers to wait for (default 1)")
-    wait.add_argument("--for", dest="wait_for", type=_seconds, default=30.0, metavar="SECONDS",
-                      help="give up after this long (default 30): exit status 3 if no server answered, else 1")
-
-    metadata = command("metadata", "brokers and streams")
-    metadata.add_argument("streams", nargs="*", help="streams to show (default all)")
-
-    stream_info = command("stream-info", "a stream's settings and each partition's log: messages, bytes, "
-                                         "oldest and newest offset, HW, leader, replicas, ISR")
-    stream_info.add_argument("stream", help="stream name")
-
-    partition_metadata = command("partition-metadata", "one partition, from its leader")
-    _stream(partition_metadata)
-    _partition(partition_metadata)
-
-    pause = command("pause", "pause a stream's partitions")
-    _stream(pause)
-    _target_partitions(pause)
-    pause.add_argument("--resume-all", action="store_true", help="resume all partitions when one is published to")
-
-    readonly = command("set-readonly", "make partitions readonly (or writable)")
-    _stream(readonly)
-    _target_partitions(readonly)
-    readonly.add_argument("--writable", action="store_true", help="clear the readonly flag instead")
-
-    set_cursor = command("set-cursor", "store a consumer cursor")
-    _stream(set_cursor)
-    _partition(set_cursor)
-    set_cursor.add_argument("-c", "--cursor", required=True, help="cursor id")
-    set_cursor.add_argument("-o", "--offset", type=_non_negative, required=True)
-
-    fetch_cursor = command("fetch-cursor", "read a consumer cursor (-1 if unknown)")
-    _stream(fetch_cursor)
-    _partition(fetch_cursor)
-    fetch_cursor.add_argument("-c", "--cursor", required=True, help="cursor id")
-
-    command("status", "the metadata Raft group: leader, term, voters' lag")
-
-    partitions = command("partitions", "leader, ISR, HW, log end and lag of each replica")
-    partitions.add_argument("stream", nargs="?", default="", help="one stream (default all)")
-    return parser
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -295,6 +70,8 @@ def _start_problem(args: argparse.Namespace) -> str | None:
 
 
 # --- output ---
+
+
 
 
 def _print(args: argparse.Namespace, data: Any, table: list[list[Any]] | None = None) -> None:
@@ -466,8 +243,8 @@ async def _stream_info(client: Client, args: argparse.Namespace) -> None:
     streams = [s for s in response.streams if s.name == args.stream]
     if not streams:
         raise BasculeError(grpc.StatusCode.NOT_FOUND, f"no such stream: {args.stream}")
-    stream = _proto_dict(streams[0])
-    stream["partitions"] = [_proto_dict(p) for p in response.partitions if p.stream == args.stream]
+    stream = _as_dict(streams[0])
+    stream["partitions"] = [_as_dict(p) for p in response.partitions if p.stream == args.stream]
     if args.json:
         _print(args, stream)
         return
@@ -494,20 +271,6 @@ async def _admin_partitions(client: Client, args: argparse.Namespace) -> admin_p
             return await admin_pb2_grpc.AdminStub(channel).Partitions(request, timeout=args.timeout)
         except grpc.aio.AioRpcError as exc:
             raise BasculeError(exc.code(), exc.details() or "") from None
-
-
-def _proto_dict(message: Any) -> dict:
-    """Every field under its proto name, integers kept as integers (protobuf's JSON mapping makes int64
-    strings)."""
-    result: dict[str, Any] = {}
-    for descriptor in message.DESCRIPTOR.fields:
-        value = getattr(message, descriptor.name)
-        if descriptor.message_type is not None:
-            value = [_proto_dict(v) for v in value] if descriptor.is_repeated else _proto_dict(value)
-        elif descriptor.is_repeated:
-            value = list(value)
-        result[descriptor.name] = value
-    return result
 
 
 async def _partition_metadata(client: Client, args: argparse.Namespace) -> None:
@@ -590,21 +353,10 @@ ADMIN_COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["server"]:
-        from bascule.config.loading import go_style_flags
-
-        argv = ["server", *go_style_flags(argv[1:])]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command != "server":
-        _check_arguments(args)
+def run(args: argparse.Namespace) -> int:
+    """Run the admin command ``args`` names; its exit status."""
+    _check_arguments(args)
     try:
-        if args.command == "server":
-            from bascule.server import run_from_args
-
-            return run_from_args(args)
         asyncio.run(_run_wait(args) if args.command == "wait" else _run_admin(args))
     except BasculeError as exc:
         print(f"bascule {args.command}: {exc.code.name.lower().replace('_', ' ')}: {exc.message}", file=sys.stderr)
@@ -618,7 +370,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m bascule.cli``: the ``bascule`` command."""
+
+import sys
+
+from bascule.cli import main
+
+sys.exit(main())
