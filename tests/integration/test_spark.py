@@ -631,10 +631,11 @@ def test_a_failed_ack_fails_the_write_with_the_reason(spark, broker):
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
+    run(create(broker, "refusing", "refusing.in"))  # its own, one partition: where a keyless row goes is known
     huge = spark.createDataFrame([(b"x" * (1024 * 1024 + 10),)], "value binary")
-    refused = r"publishing to stream 'sink' partition 0 failed: .*exceeds the limit of \d+"
+    refused = r"publishing to stream 'refusing' partition 0 failed: .*exceeds the limit of \d+"
     with pytest.raises((PySparkException, Py4JJavaError), match=refused):
-        huge.write.format("bascule").mode("append").option("brokers", broker).option("stream", "sink").save()
+        huge.write.format("bascule").mode("append").option("brokers", broker).option("stream", "refusing").save()
 
 
 def test_write_errors_without_spark(broker):
