@@ -10,6 +10,7 @@ in tests/unit/test_spark_*.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -47,9 +48,10 @@ def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("bascule-tests")
         .config("spark.ui.enabled", "false")
@@ -57,8 +59,18 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
     )
+    # pyspark starts its JVM with a preexec_fn, which is not safe in a process with threads: the suite's earlier
+    # tests leave gRPC threads behind, and a child that dies between fork and exec exits without a word (a
+    # fresh-clone run lost every test of this module to JAVA_GATEWAY_EXITED). Collected, then tried again.
+    gc.collect()
+    try:
+        session = builder.getOrCreate()
+    except PySparkRuntimeError as error:
+        if error.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        gc.collect()
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(BasculeDataSource)
     yield session
