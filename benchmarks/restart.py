@@ -89,6 +89,11 @@ async def _bascule_serves(node: Any, last: int) -> float:
     while True:
         if not node.running:
             raise BenchError(f"node exited while restarting:\n{node.log_tail(20)}")
+        # Asked only once the API accepts connections, as JetStream's side is: a client that meets a closed
+        # port retries UNAVAILABLE with growing backoff, which measured the backoff (up to 0.5 s) instead.
+        if not await _accepts(node.address):
+            await asyncio.sleep(0.005)
+            continue
         async with Client(node.address, timeout=2.0) as client:
             try:
                 async for message in client.subscribe(BIG_STREAM, 0, offset=last, stop_offset=last):
@@ -100,6 +105,16 @@ async def _bascule_serves(node: Any, last: int) -> float:
             raise BenchError(f"offset {last} of {BIG_STREAM} not served {READY_TIMEOUT * 2} s after restart; "
                              f"last: {last_error}\n{node.log_tail(20)}")
         await asyncio.sleep(0.05)
+
+
+async def _accepts(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except OSError:
+        return False
+    writer.close()
+    return True
 
 
 async def _restart_jetstream(ctx: Context, n: int) -> dict[str, Any]:
