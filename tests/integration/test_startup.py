@@ -74,8 +74,28 @@ def test_nodes_stopped_together_with_their_nats_exit_cleanly(tmp_path):
             cluster.kill_all()
 
 
-async def _replicated_stream(brokers: list[str]) -> None:
+async def _replicated_stream(brokers: list[str], replication_factor: int = 3) -> None:
     from bascule.client import Client
 
     async with Client(brokers) as client:
-        await client.create_stream("orders", "orders.in", replication_factor=3)
+        await client.create_stream("orders", "orders.in", replication_factor=replication_factor)
+
+
+def test_a_nats_outage_and_a_stop_after_it_are_told_as_warnings_now_and_then(tmp_path):
+    """nats-py reports every reconnect attempt, twice a second: an outage of a few seconds was a screen of
+    ERROR lines, and so was every stop where NATS went first."""
+    from bascule.testing import LocalCluster
+
+    cluster = LocalCluster(1, base_dir=tmp_path / "cluster").start()
+    try:
+        cluster.restart_nats(down_time=4.0)
+        asyncio.run(_replicated_stream(cluster.brokers, replication_factor=1))  # serving again
+        cluster.nats.stop()
+        node = cluster.nodes[0]
+        node.stop(grace=10)
+        log = node.log_tail(200)
+        assert node.returncode == 0, log
+        assert "ERROR" not in log, log
+        assert 1 <= log.count("NATS connection lost or not yet back") <= 3, log
+    finally:
+        cluster.kill_all()

@@ -356,8 +356,23 @@ class Node:
         if self._nats is None and self._connecting is not None:
             self._starting_nats_error(error)
             return
+        if isinstance(error, OSError | TimeoutError | nats.errors.StaleConnectionError):
+            self._lost_nats_error(error)
+            return
         # Slow-consumer drops on a capture subscription lose plain publishes: say so loudly.
         log.error("NATS error: %r", error)
+
+    def _lost_nats_error(self, error: Exception) -> None:
+        """The connection lost, or a reconnect attempt failed: nats-py reports each, twice a second while NATS
+        is away, and NATS stopping before its nodes is an ordinary shutdown. Told now and then, as a warning
+        (bascule_nats_connected and /readyz say it too)."""
+        if self.tasks.closing:
+            log.debug("NATS connection while stopping: %r", error)
+            return
+        now = time.monotonic()
+        if now >= self._next_unreachable_report:
+            self._next_unreachable_report = now + UNREACHABLE_REPORT_INTERVAL
+            log.warning("NATS connection lost or not yet back (%r): reconnecting", error)
 
     def _starting_nats_error(self, error: Exception) -> None:
         """An error of the first connect: a refusal ends it, anything else is retried and told now
