@@ -11,7 +11,9 @@ from bascule.partition.log import (
     LogConfig,
     OffsetOutOfRange,
     Record,
+    commitlog,
 )
+from bascule.partition.log.segment import Segment
 from bascule.wire.entry import decode_entries, encode_entries
 
 SMALL_SEGMENTS = LogConfig(segment_max_bytes=1024, index_interval_bytes=128)
@@ -120,6 +122,42 @@ def test_changes_to_epochs_are_checkpointed_by_the_next_sync_after_the_data(tmp_
         assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 2\n1 0\n2 2\n"
         log.append(values(1), 2)
         assert log.epochs.end_offset_for(1, log.next_offset) == (1, 2)
+
+
+def test_the_epoch_checkpoint_follows_a_growing_log_and_a_clean_close(tmp_path, monkeypatch):
+    """Opening walks the entries past the checkpoint's end: a log that only grows in one epoch keeps the
+    checkpoint within EPOCH_CHECKPOINT_LAG offsets of its end, and a clean close brings it to the end."""
+    monkeypatch.setattr(commitlog, "EPOCH_CHECKPOINT_LAG", 10)
+    with CommitLog.open(tmp_path) as log:
+        log.append(values(2), 1)
+        log.sync()
+        log.append(values(10), 1)
+        log.sync()
+        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 2\n1 0\n"  # within the lag
+        log.append(values(1), 1)
+        log.sync()
+        assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 13\n1 0\n"
+        log.append(values(3), 1)
+    assert (tmp_path / "leader-epoch-checkpoint").read_text() == "end 16\n1 0\n"
+
+
+def test_a_cleanly_closed_log_opens_without_reading_its_entries_for_their_epochs(tmp_path, monkeypatch):
+    with CommitLog.open(tmp_path) as log:
+        log.append(values(100), 1)
+        log.append(values(100), 3)
+        log.sync()  # the checkpoint: end 200
+        log.append(values(20), 3)  # no new epoch, and well within the lag
+    walked: list[int] = []
+    entry_epochs = Segment.entry_epochs
+
+    def counted(segment: Segment, offset: int):
+        walked.append(offset)
+        return entry_epochs(segment, offset)
+
+    monkeypatch.setattr(Segment, "entry_epochs", counted)
+    with CommitLog.open(tmp_path) as log:
+        assert log.epochs.entries == [(1, 0), (3, 100)]
+    assert walked == []
 
 
 def test_read_limits(tmp_path):

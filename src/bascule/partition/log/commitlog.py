@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 _MAX_SEGMENT_BYTES = 0xFFFFFFFF  # index positions are uint32
 _MAX_SEGMENT_ENTRIES = 0xFFFFFFFF  # index relative offsets are uint32
 _NS_PER_SECOND = 1_000_000_000
+# Opening walks the entries past the leader-epoch checkpoint's end (1M entries took 1.3 s): the checkpoint is
+# rewritten once the log has grown this many offsets past it, and at every clean close.
+EPOCH_CHECKPOINT_LAG = 50_000
 
 
 class OffsetOutOfRange(Exception):
@@ -158,6 +161,7 @@ class CommitLog:
         self._segments = segments
         self._epochs = _TrackedEpochHistory([])
         self._checkpointed_epochs_version = 0
+        self._checkpointed_epochs_end = 0  # the log end the epoch checkpoint on disk covers
         self._high_watermark = -1
         self._checkpointed_high_watermark: int | None = None
         self._checkpoint_lock = threading.Lock()
@@ -229,6 +233,7 @@ class CommitLog:
             history.assign(epoch, start_offset)
         history.version = int(saved is None or history.entries != saved.history.entries)
         self._epochs = history
+        self._checkpointed_epochs_end = checked_end
 
     def _checked(self, saved: checkpoint.EpochCheckpoint) -> tuple[_TrackedEpochHistory, int] | None:
         """``saved`` trimmed to the offsets it covers, and the end of those; None unless the first
@@ -372,8 +377,8 @@ class CommitLog:
             raise ValueError(f"high watermark {offset} is outside [-1, {self.newest_offset}]")
         self._high_watermark = offset
 
-    def checkpoint(self) -> None:
-        write = self.begin_checkpoint()
+    def checkpoint(self, epochs_lag: int | None = None) -> None:
+        write = self.begin_checkpoint(epochs_lag)
         if write is not None:
             write()
 
@@ -389,14 +394,15 @@ class CommitLog:
         """Whether the epoch history changed since its checkpoint was last written."""
         return self._epochs.version != self._checkpointed_epochs_version
 
-    def begin_checkpoint(self) -> Callable[[], None] | None:
+    def begin_checkpoint(self, epochs_lag: int | None = None) -> Callable[[], None] | None:
         """The HW and epoch checkpoints as they are now, as a blocking call to run in another
-        thread; None when both are current."""
+        thread; None when both are current (the epoch checkpoint: unchanged, and covering the log
+        but for at most ``epochs_lag`` offsets, EPOCH_CHECKPOINT_LAG unless given)."""
         # A failed log keeps its last HW checkpoint: the HW in memory may cover data that never
         # reached the disk.
         high_watermark = self._high_watermark
         hw_due = self._failure is None and high_watermark != self._checkpointed_high_watermark
-        epochs = self._epochs_to_checkpoint()
+        epochs = self._epochs_to_checkpoint(epochs_lag)
         if not hw_due and epochs is None:
             return None
 
@@ -411,11 +417,12 @@ class CommitLog:
 
         return write
 
-    def _epochs_to_checkpoint(self) -> tuple[int, EpochHistory, int] | None:
+    def _epochs_to_checkpoint(self, lag: int | None = None) -> tuple[int, EpochHistory, int] | None:
         """(version, history, log end) for the epoch checkpoint, None if it is current. The
         checkpoint may be written before the data it covers is on disk: opening checks it against
         the entries."""
-        if not self.epochs_changed:
+        lag = EPOCH_CHECKPOINT_LAG if lag is None else lag
+        if not self.epochs_changed and self.next_offset - self._checkpointed_epochs_end <= lag:
             return None
         return self._epochs.version, EpochHistory(self._epochs.entries), self.next_offset
 
@@ -634,6 +641,7 @@ class CommitLog:
             if self._damaged_from is not None and offset <= self._damaged_from:
                 self._damage_cut_off = True
         self._epochs.truncate_from_end(offset)
+        self._checkpointed_epochs_end = min(self._checkpointed_epochs_end, offset)
         self._high_watermark = min(self._high_watermark, offset - 1)
         self._synced_end = min(self._synced_end, offset)
         self._cuts += 1
@@ -817,14 +825,14 @@ class CommitLog:
     def _checkpoint_epochs(self, version: int, history: EpochHistory, end_offset: int) -> None:
         # A checkpoint that cannot be written costs only a longer check at the next open.
         with self._checkpoint_lock:
-            if version <= self._checkpointed_epochs_version:
+            if (version, end_offset) <= (self._checkpointed_epochs_version, self._checkpointed_epochs_end):
                 return  # a newer one is on disk already
             try:
                 checkpoint.write_epochs(self.directory, history, end_offset)
             except OSError as error:
                 logger.warning("could not write the leader-epoch checkpoint of %s: %s", self.directory, error)
                 return
-            self._checkpointed_epochs_version = version
+            self._checkpointed_epochs_version, self._checkpointed_epochs_end = version, end_offset
 
     def _check_not_failed(self) -> None:
         if self._failure is not None:
@@ -847,7 +855,7 @@ class CommitLog:
         try:
             if self._failure is None:
                 self.sync()
-                self.checkpoint()
+                self.checkpoint(epochs_lag=0)
         finally:
             for segment in self._segments:
                 segment.close()
