@@ -9,7 +9,7 @@ CONTAINERS ?= 1
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml src/bascule/wire/_walk.c
+$(STAMP): pyproject.toml src/bascule/wire/_walk.c src/bascule/natsio/_frames.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark]'

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bascule.natsio import capture
 from bascule.natsio.capture import MAX_CONTROL_LINE, CaptureConnection, _Link
 
 LOOP = asyncio.new_event_loop()  # only to make futures; never run
@@ -104,6 +105,55 @@ def test_garbage_frames_abort_the_connection(garbage):
     link, transport, got, _ = connection()
     link.data_received(garbage)
     assert transport.aborted and got == []
+
+
+def test_a_frame_larger_than_any_server_sends_aborts_the_connection():
+    link, transport, got, sid = connection()
+    link.data_received(b"MSG s.a %d 99999999999999999999\r\n" % sid)
+    assert transport.aborted and got == [] and link._needed == 0
+
+
+def frame(sid: int, subject: bytes, reply: bytes, headers: bytes, payload: bytes) -> bytes:
+    reply_part = reply + b" " if reply else b""
+    if headers:
+        sizes = b"%d %d" % (len(headers), len(headers) + len(payload))
+        return b"HMSG %s %d %s%s\r\n%s%s\r\n" % (subject, sid, reply_part, sizes, headers, payload)
+    return b"MSG %s %d %s%d\r\n%s\r\n" % (subject, sid, reply_part, len(payload), payload)
+
+
+frames = st.builds(
+    frame, st.sampled_from([1, 2]), st.sampled_from([b"s.a", b"s.b"]), st.sampled_from([b"", b"r.1"]),
+    st.sampled_from([b"", b"NATS/1.0\r\nA: b\r\n\r\n"]),
+    st.sampled_from([b"", b"x", b"hello", b"\r\n", b"a\r\nb", b"LIFT"]),
+)
+pieces = st.one_of(frames, frames, frames, st.sampled_from([b"PING\r\n", b"PONG\r\n", b"+OK\r\n"]), st.binary(max_size=8))
+
+
+def fed(parse, reads):
+    """What a link whose loop is ``parse`` delivers, and whether it gave up on the connection."""
+    original = capture.parse_frames
+    capture.parse_frames = parse
+    try:
+        link, transport, got, sid = connection()
+        link._owner.subscribe("s.b", "", got.extend)
+        for read in reads:
+            if not transport.aborted:
+                link.data_received(read)
+        return got, transport.aborted
+    finally:
+        capture.parse_frames = original
+
+
+@pytest.mark.skipif(capture._frames is None, reason="bascule.natsio._frames was not built (no C compiler)")
+@given(st.lists(pieces, max_size=12), st.lists(st.integers(1, 40), max_size=6))
+def test_the_frame_loop_in_c_delivers_what_the_python_loop_does(stream_pieces, cuts):
+    data = b"".join(stream_pieces)
+    reads, position = [], 0
+    for cut in cuts:
+        reads.append(data[position:position + cut])
+        position += cut
+    reads.append(data[position:])
+    assert fed(capture._frames.parse_frames, reads) == fed(capture.parse_frames_python, reads)
 
 
 @given(st.binary(max_size=300))

@@ -3,6 +3,7 @@ lengths, counts, errors and bytes, for intact, damaged, torn and out-of-sequence
 the CRC on SSE 4.2's instruction and on tables."""
 
 import struct
+from types import SimpleNamespace
 
 import crc32c
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bascule.h2grpc.messages import MessageReader
-from bascule.wire import capture, entry
+from bascule.wire import capture, entry, envelope
 from bascule.wire.entry import Record, consecutive_prefix, encode_entries, intact_prefix_python
 from bascule.wire.messages import MessageEncoder
 from bascule.wire.pb import api_pb2
@@ -152,10 +153,18 @@ appended_records = st.builds(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(appended_records, max_size=8), first_offset=st.integers(0, 2**62),
-       epoch=st.integers(0, 2**64 - 1), stamp=st.integers(-(2**63), 2**63 - 1))
-def test_entries_encoded_in_c_are_the_python_loops_byte_for_byte(crc_path, batch, first_offset, epoch, stamp):
-    data, walked = encode_entries(first_offset, epoch, batch, stamp)
-    assert (data, walked) == entry.encode_entries_python(first_offset, epoch, batch, stamp)
+       epoch=st.integers(0, 2**64 - 1), stamp=st.integers(-(2**63), 2**63 - 1),
+       floor=st.none() | st.integers(-(2**63), 2**63 - 1), duck_typed=st.booleans())
+def test_entries_encoded_in_c_are_the_python_loops_byte_for_byte(
+        crc_path, batch, first_offset, epoch, stamp, floor, duck_typed):
+    if duck_typed:  # records of another type are read by their attributes
+        batch = [SimpleNamespace(value=r.value, key=r.key, headers=r.headers, timestamp=r.timestamp,
+                                 header_block=r.header_block) for r in batch]
+    data, walked = encode_entries(first_offset, epoch, batch, stamp, floor)
+    assert (data, walked) == entry.encode_entries_python(first_offset, epoch, batch, stamp, floor)
+    if floor is not None:
+        stamps = [stamp for _, _, stamp, _, _ in walked]
+        assert stamps == sorted(stamps) and all(stamp >= floor for stamp in stamps)
     decoded = list(entry.decode_entries(data))
     assert [(e.offset, e.value, e.key) for e in decoded] == [
         (first_offset + i, bytes(r.value), r.key) for i, r in enumerate(batch)]
@@ -200,3 +209,37 @@ def test_publish_responses_refuse_what_no_ack_can_say():
     for garbage in (([1], [b"bytes"]), (["1"], ["a"]), ([2**70], ["a"])):
         with pytest.raises((TypeError, OverflowError)):
             native.publish_responses(0, *garbage, b"")
+
+
+def publish_envelope(value: bytes, inbox: str) -> bytes:
+    message = api_pb2.Message(value=value, key=b"k", ackInbox=inbox, correlationId="c",
+                              ackPolicy=api_pb2.AckPolicy.ALL, headers={"h": b"v"} if inbox else {})
+    return envelope.encode_message(message, envelope.MsgType.PUBLISH)
+
+
+payloads = st.one_of(
+    st.binary(max_size=40),
+    st.builds(publish_envelope, st.binary(max_size=20), st.sampled_from(["", "in.1", "bad inbox"])),
+    st.builds(lambda p, cut: p[:cut], st.builds(publish_envelope, st.binary(max_size=20), st.just("in.2")),
+              st.integers(0, 30)),  # torn envelopes, stored as plain values
+    st.just(envelope.MAGIC),
+)
+deliveries = st.lists(
+    st.tuples(st.sampled_from(["s.a", "s.b"]), st.sampled_from(["", "r.1"]), payloads), max_size=12,
+)
+
+
+@given(deliveries)
+def test_capture_batch_in_c_builds_the_records_and_acks_of_the_python_loop(burst):
+    interned = {name: name for name in ("s.a", "s.b", "", "r.1")}
+    burst = [(interned[subject], interned[reply], payload) for subject, reply, payload in burst]
+    in_c, in_python = capture.capture_batch(burst), capture.capture_batch_python(burst)
+    assert in_c == in_python
+    assert all(type(record) is Record for record in in_c.records)
+
+
+def test_capture_batch_in_c_refuses_what_is_not_a_burst_of_deliveries():
+    with pytest.raises(TypeError, match="delivery"):
+        capture.capture_batch([("s", "", "not bytes")])
+    with pytest.raises(TypeError, match="slots"):
+        native.capture_records([], dict, capture.stored_headers, capture._record_from_envelope, envelope.MAGIC)

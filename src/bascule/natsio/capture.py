@@ -27,6 +27,11 @@ from urllib.parse import SplitResult, urlsplit
 from bascule.natsio.auth import NatsAuth
 from bascule.wire.names import is_protocol_token
 
+try:
+    from bascule.natsio import _frames
+except ImportError:  # built without a C compiler: the Python loop stands in
+    _frames = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 
 Delivery = tuple[str, str, bytes]  # subject, reply, payload
@@ -47,6 +52,7 @@ _MSG_LINE = re.compile(rb"MSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+)")
 _HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)")
 Frame = tuple[int, str, str, int, int]  # sid, subject, reply, header bytes, total bytes
 FRAME_CACHE_SIZE = 4096
+MAX_FRAME_BYTES = 2**31 - 1  # nats-server holds max_payload in an int32
 
 
 class ProtocolError(Exception):
@@ -88,6 +94,47 @@ def _sub_line(sid: int, subject: str, queue: str) -> bytes:
 def _pub_line(subject: str, size: int) -> bytes:
     _check_name("subject", subject)
     return _check_length(b"PUB %s %d\r\n" % (subject.encode(), size), subject)
+
+
+STOPPED = -1  # parse_frames' line_end when it reached the end of the buffer or an unfinished frame
+NO_CRLF_AFTER_PAYLOAD = -2
+
+
+def parse_frames_python(
+    buffer: bytes, position: int, frames: dict[bytes, Frame], batches: dict[int, list[Delivery]],
+) -> tuple[int, int, int]:
+    """Take the frames from ``position`` whose MSG/HMSG line is in ``frames`` (the cache of parsed
+    lines) into ``batches``, until the buffer ends, a frame is unfinished, or a line is not in the
+    cache. Returns (position reached, bytes the unfinished frame there needs, 0 if unknown,
+    line_end): line_end is where the line at ``position`` ends when it is not in the cache (the
+    caller parses it), else STOPPED or NO_CRLF_AFTER_PAYLOAD. In C when built."""
+    end = len(buffer)
+    find = buffer.find
+    while position < end:
+        line_end = find(_CRLF, position)
+        if line_end < 0:
+            break
+        frame = frames.get(buffer[position:line_end])
+        if frame is None:
+            return position, 0, line_end
+        sid, subject, reply, header_size, total = frame
+        payload_start = line_end + 2
+        payload_end = payload_start + total
+        if payload_end + 2 > end:
+            return position, payload_end + 2 - position, STOPPED
+        if not buffer.startswith(_CRLF, payload_end):
+            return position, 0, NO_CRLF_AFTER_PAYLOAD
+        delivery = (subject, reply, buffer[payload_start + header_size:payload_end])
+        batch = batches.get(sid)
+        if batch is None:
+            batches[sid] = [delivery]
+        else:
+            batch.append(delivery)
+        position = payload_end + 2
+    return position, 0, STOPPED
+
+
+parse_frames = parse_frames_python if _frames is None else _frames.parse_frames
 
 
 class _Link(asyncio.Protocol):
@@ -225,35 +272,18 @@ class _Link(asyncio.Protocol):
         """(deliveries by sid, bytes consumed, bytes the unfinished frame needs from there, 0 if unknown)."""
         batches: dict[int, list[Delivery]] = {}
         position = 0
-        end = len(buffer)
-        find, frames = buffer.find, self._frames
-        while position < end:
-            line_end = find(_CRLF, position)
-            if line_end < 0:
-                return batches, position, 0
-            line = buffer[position:line_end]
-            frame = frames.get(line)
-            if frame is None:
-                if not line.startswith((b"MSG", b"HMSG")):
-                    position = line_end + 2
-                    self._control(line)
-                    continue
-                frame = self._frame(line)
-            sid, subject, reply, header_size, total = frame
-            payload_start = line_end + 2
-            payload_end = payload_start + total
-            if payload_end + 2 > end:
-                return batches, position, payload_end + 2 - position
-            if not buffer.startswith(_CRLF, payload_end):
+        while True:
+            position, needed, line_end = parse_frames(buffer, position, self._frames, batches)
+            if line_end == STOPPED:
+                return batches, position, needed
+            if line_end == NO_CRLF_AFTER_PAYLOAD:
                 raise ProtocolError("message payload not followed by CRLF")
-            delivery = (subject, reply, buffer[payload_start + header_size:payload_end])
-            batch = batches.get(sid)
-            if batch is None:
-                batches[sid] = [delivery]
+            line = buffer[position:line_end]
+            if line.startswith((b"MSG", b"HMSG")):
+                self._frame(line)  # cached: parse_frames takes the frame on the next call
             else:
-                batch.append(delivery)
-            position = payload_end + 2
-        return batches, position, 0
+                position = line_end + 2
+                self._control(line)
 
     def _frame(self, line: bytes) -> Frame:
         """A MSG/HMSG line parsed, and remembered: a stream's messages repeat a few lines."""
@@ -267,6 +297,8 @@ class _Link(asyncio.Protocol):
                 raise ProtocolError(f"header block of {header_size} bytes in a {total}-byte message")
         else:
             raise ProtocolError(f"bad message line {line[:200]!r}")
+        if total > MAX_FRAME_BYTES:
+            raise ProtocolError(f"a message of {total} bytes, more than a NATS server sends")
         frame = (int(sid), _subject(subject), _subject(reply) if reply else "", header_size, total)
         if len(self._frames) >= FRAME_CACHE_SIZE:
             self._frames.clear()

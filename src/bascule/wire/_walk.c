@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -361,10 +362,69 @@ static inline unsigned char *put_be64(unsigned char *out, uint64_t n) {
     return put_be32(out + 4, (uint32_t)n);
 }
 
+/* entry.Record's slots, found once by name: records are read (encode_entries) and built
+ * (capture_records) through them, without an attribute lookup or an __init__ call each, which were
+ * most of a captured message's cost. Any other type of record is read by its attributes. */
+static const char *record_slots[] = {"value", "key", "headers", "timestamp", "header_block"};
+#define RECORD_SLOTS 5
+static PyTypeObject *record_type;
+static Py_ssize_t record_offsets[RECORD_SLOTS];
+static PyObject *zero;
+
+static int learn_record_type(PyObject *type) {
+    if ((PyObject *)record_type == type)
+        return 0;
+    if (!PyType_Check(type))
+        return PyErr_SetString(PyExc_TypeError, "record_type must be a type"), -1;
+    PyObject *slots = PyObject_GetAttrString(type, "__slots__");
+    if (!slots) {
+        PyErr_Clear();
+        return PyErr_SetString(PyExc_TypeError, "record_type's slots are not Record's"), -1;
+    }
+    PyObject *expected = Py_BuildValue("(sssss)", "value", "key", "headers", "timestamp", "header_block");
+    int same = expected ? PyObject_RichCompareBool(slots, expected, Py_EQ) : -1;
+    Py_DECREF(slots);
+    Py_XDECREF(expected);
+    if (same <= 0)
+        return same < 0 ? -1 : (PyErr_SetString(PyExc_TypeError, "record_type's slots are not Record's"), -1);
+    for (int i = 0; i < RECORD_SLOTS; i++) {
+        PyObject *descriptor = PyObject_GetAttrString(type, record_slots[i]);
+        if (!descriptor)
+            return -1;
+        int is_member = Py_IS_TYPE(descriptor, &PyMemberDescr_Type);
+        if (is_member) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+            is_member = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+            record_offsets[i] = member->offset;
+        }
+        Py_DECREF(descriptor);
+        if (!is_member)
+            return PyErr_Format(PyExc_TypeError, "Record.%s is not a writable slot", record_slots[i]), -1;
+    }
+    Py_XSETREF(record_type, (PyTypeObject *)Py_NewRef(type));
+    return 0;
+}
+
+/* A bytes-like object's memory: bytes directly, others through a buffer view held in `view`. */
+static int view_of(PyObject *obj, Py_buffer *view, const char **data, Py_ssize_t *length) {
+    if (PyBytes_CheckExact(obj)) {
+        *data = PyBytes_AS_STRING(obj);
+        *length = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    *data = view->buf;
+    *length = view->len;
+    return 0;
+}
+
 /* What encode_entries needs of one Record, holding references and buffers until released. */
 typedef struct {
     PyObject *value, *key, *block;
     Py_buffer value_buf, key_buf, block_buf;
+    const char *value_data, *key_data, *block_data;
+    Py_ssize_t value_size, key_size, block_size;
     int has_key;
     long long timestamp;
 } Fields;
@@ -381,15 +441,39 @@ static void release_fields(Fields *f) {
     Py_XDECREF(f->block);
 }
 
+/* New references to the record's value, key, header_block, timestamp and headers. */
+static int read_slots(PyObject *record, PyObject **slots) {
+    static PyObject **names[RECORD_SLOTS] = {&name_value, &name_key, &name_headers, &name_timestamp,
+                                             &name_header_block};
+    for (int i = 0; i < RECORD_SLOTS; i++) {
+        if (Py_TYPE(record) == record_type) {
+            PyObject *slot = *(PyObject **)((char *)record + record_offsets[i]);
+            slots[i] = slot ? Py_NewRef(slot) : NULL;
+            if (!slot)
+                PyErr_Format(PyExc_AttributeError, "'Record' object has no attribute '%s'", record_slots[i]);
+        } else {
+            slots[i] = PyObject_GetAttr(record, *names[i]);
+        }
+        if (!slots[i]) {
+            while (i--)
+                Py_DECREF(slots[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int read_fields(PyObject *record, PyObject *encode_headers, Fields *f) {
     memset(f, 0, sizeof(*f));
-    PyObject *stamp = NULL, *headers = NULL;
-    if (!(f->value = PyObject_GetAttr(record, name_value)) || !(f->key = PyObject_GetAttr(record, name_key))
-            || !(f->block = PyObject_GetAttr(record, name_header_block))
-            || !(stamp = PyObject_GetAttr(record, name_timestamp)))
-        goto fail;
+    PyObject *slots[RECORD_SLOTS];
+    if (read_slots(record, slots) < 0)
+        return -1;
+    f->value = slots[0];
+    f->key = slots[1];
+    PyObject *headers = slots[2], *stamp = slots[3];
+    f->block = slots[4];
     f->timestamp = PyLong_AsLongLong(stamp);
-    Py_CLEAR(stamp);
+    Py_DECREF(stamp);
     if (f->timestamp == -1 && PyErr_Occurred())
         goto fail;
     int has_block = PyObject_IsTrue(f->block);
@@ -397,54 +481,69 @@ static int read_fields(PyObject *record, PyObject *encode_headers, Fields *f) {
         goto fail;
     if (!has_block) { /* no shared encoding: the headers' own, as encode_headers makes it */
         Py_CLEAR(f->block);
-        if (!(headers = PyObject_GetAttr(record, name_headers)))
-            goto fail;
         int any = PyObject_IsTrue(headers);
         if (any < 0)
             goto fail;
         f->block = any ? PyObject_CallOneArg(encode_headers, headers) : Py_NewRef(no_headers);
-        Py_CLEAR(headers);
         if (!f->block)
             goto fail;
     }
-    if (PyObject_GetBuffer(f->value, &f->value_buf, PyBUF_SIMPLE) < 0
-            || PyObject_GetBuffer(f->block, &f->block_buf, PyBUF_SIMPLE) < 0)
+    Py_CLEAR(headers);
+    if (view_of(f->value, &f->value_buf, &f->value_data, &f->value_size) < 0
+            || view_of(f->block, &f->block_buf, &f->block_data, &f->block_size) < 0)
         goto fail;
     if (f->key != Py_None) {
-        if (PyObject_GetBuffer(f->key, &f->key_buf, PyBUF_SIMPLE) < 0)
+        if (view_of(f->key, &f->key_buf, &f->key_data, &f->key_size) < 0)
             goto fail;
-        f->has_key = f->key_buf.len > 0;
+        f->has_key = f->key_size > 0;
     }
     return 0;
 
 fail:
-    Py_XDECREF(stamp);
     Py_XDECREF(headers);
     release_fields(f);
     return -1;
 }
 
-/* encode_entries(records, first_offset, leader_epoch, timestamp, encode_headers) -> (data, walked):
- * entry.encode_entries' loop. A record's key is written when not empty (length -1 for None, 0 for
- * empty); its header_block when set, else encode_headers(headers), else no headers. */
+/* A new reference to the int n: `last` again when it already is n (neighbours share a timestamp,
+ * and an entry's end is the next one's start). */
+static PyObject *long_reusing(PyObject *last, long long n) {
+    if (last) {
+        long long was = PyLong_AsLongLong(last);
+        if (was == n)
+            return Py_NewRef(last);
+    }
+    return PyLong_FromLongLong(n);
+}
+
+/* encode_entries(records, first_offset, leader_epoch, timestamp, floor, encode_headers, record_type)
+ *   -> (data, walked): entry.encode_entries' loop. A record's key is written when not empty (length
+ * -1 for None, 0 for empty); its header_block when set, else encode_headers(headers), else no
+ * headers. With a floor (not None), no timestamp goes below it or below the entry before. */
 static PyObject *encode_entries(PyObject *self, PyObject *args) {
-    PyObject *records, *encode_headers;
-    long long first_offset, timestamp;
+    PyObject *records, *encode_headers, *floor_arg, *type;
+    long long first_offset, timestamp, floor = 0;
     unsigned long long leader_epoch;
-    if (!PyArg_ParseTuple(args, "O!LKLO", &PyList_Type, &records, &first_offset, &leader_epoch, &timestamp,
-                          &encode_headers))
+    if (!PyArg_ParseTuple(args, "O!LKLOOO", &PyList_Type, &records, &first_offset, &leader_epoch, &timestamp,
+                          &floor_arg, &encode_headers, &type))
+        return NULL;
+    int raising = floor_arg != Py_None;
+    if (raising && (floor = PyLong_AsLongLong(floor_arg)) == -1 && PyErr_Occurred())
+        return NULL;
+    if (learn_record_type(type) < 0)
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(records);
     Output out = {NULL, 0, 0};
-    PyObject *walked = PyList_New(count);
-    if (!walked)
-        return NULL;
+    PyObject *walked = PyList_New(count), *epoch = PyLong_FromUnsignedLongLong(leader_epoch);
+    PyObject *last_stamp = NULL, *last_end = PyLong_FromLong(0);
+    if (!walked || !epoch || !last_end)
+        goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
         Fields f;
         if (read_fields(PyList_GET_ITEM(records, i), encode_headers, &f) < 0)
             goto fail;
-        uint64_t value_size = (uint64_t)f.value_buf.len, key_size = f.has_key ? (uint64_t)f.key_buf.len : 0;
-        uint64_t body_size = 8 + key_size + value_size + (uint64_t)f.block_buf.len;
+        uint64_t value_size = (uint64_t)f.value_size, key_size = f.has_key ? (uint64_t)f.key_size : 0;
+        uint64_t body_size = 8 + key_size + value_size + (uint64_t)f.block_size;
         const char *problem = value_size > 0xFFFFFFFFu ? "value of %llu bytes is too large for an entry"
                             : key_size > 0x7FFFFFFFu ? "key of %llu bytes is too large for an entry"
                             : body_size > 0xFFFFFFFFu ? "entry body of %llu bytes is too large" : NULL;
@@ -460,6 +559,10 @@ static PyObject *encode_entries(PyObject *self, PyObject *args) {
             goto fail;
         }
         long long offset = first_offset + i, stamp = f.timestamp ? f.timestamp : timestamp;
+        if (raising) {
+            stamp = stamp < floor ? floor : stamp;
+            floor = stamp;
+        }
         size_t start = out.size;
         unsigned char *entry = out.data + start, *p = entry;
         p = put_be64(p, (uint64_t)offset);
@@ -469,23 +572,40 @@ static PyObject *encode_entries(PyObject *self, PyObject *args) {
         p += 4; /* the CRC, once the body is in */
         p = put_be32(p, f.has_key ? (uint32_t)key_size : f.key == Py_None ? 0xFFFFFFFFu : 0);
         if (f.has_key) {
-            memcpy(p, f.key_buf.buf, (size_t)key_size);
+            memcpy(p, f.key_data, (size_t)key_size);
             p += key_size;
         }
         p = put_be32(p, (uint32_t)value_size);
-        memcpy(p, f.value_buf.buf, (size_t)value_size);
+        memcpy(p, f.value_data, (size_t)value_size);
         p += value_size;
-        memcpy(p, f.block_buf.buf, (size_t)f.block_buf.len);
+        memcpy(p, f.block_data, (size_t)f.block_size);
         release_fields(&f);
         put_be32(entry + CRC_POSITION, entry_crc(entry, (size_t)body_size));
         out.size = start + HEADER_SIZE + (size_t)body_size;
-        PyObject *item = Py_BuildValue("LKLnn", offset, leader_epoch, stamp, (Py_ssize_t)start, (Py_ssize_t)out.size);
+        PyObject *item = PyTuple_New(5), *start_obj = last_end;
         if (!item)
             goto fail;
         PyList_SET_ITEM(walked, i, item);
+        PyObject *stamp_obj = long_reusing(last_stamp, stamp);
+        Py_XSETREF(last_stamp, stamp_obj);
+        PyObject *offset_obj = PyLong_FromLongLong(offset);
+        last_end = PyLong_FromSsize_t((Py_ssize_t)out.size);
+        if (!stamp_obj || !offset_obj || !last_end) {
+            Py_XDECREF(offset_obj);
+            Py_DECREF(start_obj);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(item, 0, offset_obj);
+        PyTuple_SET_ITEM(item, 1, Py_NewRef(epoch));
+        PyTuple_SET_ITEM(item, 2, Py_NewRef(stamp_obj));
+        PyTuple_SET_ITEM(item, 3, start_obj);
+        PyTuple_SET_ITEM(item, 4, Py_NewRef(last_end));
     }
     PyObject *data = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.size);
     PyMem_Free(out.data);
+    Py_XDECREF(last_stamp);
+    Py_XDECREF(last_end);
+    Py_DECREF(epoch);
     if (!data) {
         Py_DECREF(walked);
         return NULL;
@@ -494,8 +614,93 @@ static PyObject *encode_entries(PyObject *self, PyObject *args) {
 
 fail:
     PyMem_Free(out.data);
-    Py_DECREF(walked);
+    Py_XDECREF(walked);
+    Py_XDECREF(epoch);
+    Py_XDECREF(last_stamp);
+    Py_XDECREF(last_end);
     return NULL;
+}
+
+static PyObject *new_record(PyObject *value, PyObject *headers, PyObject *block) {
+    PyObject *record = record_type->tp_alloc(record_type, 0);
+    if (!record)
+        return NULL;
+    PyObject *fields[RECORD_SLOTS] = {value, Py_None, headers, zero, block};
+    for (int i = 0; i < RECORD_SLOTS; i++)
+        *(PyObject **)((char *)record + record_offsets[i]) = Py_NewRef(fields[i]);
+    return record;
+}
+
+/* capture_records(deliveries, record_type, headers_of, envelope_record, magic) -> (records, acks):
+ * capture.capture_batch's loop. A payload starting with magic goes to envelope_record(payload,
+ * subject, headers, header_block) -> (record, ack or None); any other is a Record of its own. */
+static PyObject *capture_records(PyObject *self, PyObject *args) {
+    PyObject *deliveries, *type, *headers_of, *envelope_record;
+    Py_buffer magic;
+    if (!PyArg_ParseTuple(args, "O!OOOy*", &PyList_Type, &deliveries, &type, &headers_of, &envelope_record, &magic))
+        return NULL;
+    PyObject *records = NULL, *acks = NULL, *shared = NULL, *subject = NULL, *reply = NULL, *result = NULL;
+    if (learn_record_type(type) < 0 || !(acks = PyList_New(0)))
+        goto done;
+    Py_ssize_t count = PyList_GET_SIZE(deliveries);
+    if (!(records = PyList_New(count)))
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *delivery = PyList_GET_ITEM(deliveries, i), *record;
+        if (!PyTuple_CheckExact(delivery) || PyTuple_GET_SIZE(delivery) != 3
+                || !PyBytes_CheckExact(PyTuple_GET_ITEM(delivery, 2))) {
+            PyErr_SetString(PyExc_TypeError, "a delivery is not (subject, reply, payload bytes)");
+            goto done;
+        }
+        PyObject *payload = PyTuple_GET_ITEM(delivery, 2);
+        /* The capture connection hands out one str per distinct subject: identity finds repeats. */
+        if (PyTuple_GET_ITEM(delivery, 0) != subject || PyTuple_GET_ITEM(delivery, 1) != reply) {
+            Py_XSETREF(subject, Py_NewRef(PyTuple_GET_ITEM(delivery, 0)));
+            Py_XSETREF(reply, Py_NewRef(PyTuple_GET_ITEM(delivery, 1)));
+            Py_XSETREF(shared, PyObject_CallFunctionObjArgs(headers_of, subject, reply, NULL));
+            if (!shared)
+                goto done;
+            if (!PyTuple_CheckExact(shared) || PyTuple_GET_SIZE(shared) != 2) {
+                PyErr_SetString(PyExc_TypeError, "headers_of did not return (headers, header block)");
+                goto done;
+            }
+        }
+        PyObject *headers = PyTuple_GET_ITEM(shared, 0), *block = PyTuple_GET_ITEM(shared, 1);
+        if (PyBytes_GET_SIZE(payload) >= magic.len
+                && memcmp(PyBytes_AS_STRING(payload), magic.buf, (size_t)magic.len) == 0) {
+            PyObject *pair = PyObject_CallFunctionObjArgs(envelope_record, payload, subject, headers, block, NULL);
+            if (!pair)
+                goto done;
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                Py_DECREF(pair);
+                PyErr_SetString(PyExc_TypeError, "envelope_record did not return (record, ack)");
+                goto done;
+            }
+            record = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+            PyObject *ack = PyTuple_GET_ITEM(pair, 1);
+            PyObject *indexed = ack == Py_None ? NULL : Py_BuildValue("(nO)", i, ack);
+            int failed = ack != Py_None && (!indexed || PyList_Append(acks, indexed) < 0);
+            Py_XDECREF(indexed);
+            Py_DECREF(pair);
+            if (failed) {
+                Py_DECREF(record);
+                goto done;
+            }
+        } else if (!(record = new_record(payload, headers, block))) {
+            goto done;
+        }
+        PyList_SET_ITEM(records, i, record);
+    }
+    result = PyTuple_Pack(2, records, acks);
+
+done:
+    PyBuffer_Release(&magic);
+    Py_XDECREF(records);
+    Py_XDECREF(acks);
+    Py_XDECREF(shared);
+    Py_XDECREF(subject);
+    Py_XDECREF(reply);
+    return result;
 }
 
 /* publish_responses(first_offset, indices, correlation_ids, shared) -> bytes: one gRPC-framed
@@ -598,6 +803,7 @@ static PyMethodDef methods[] = {
     {"walked_entries", walked_entries, METH_VARARGS, "(entries as scan() yields them, stopped)."},
     {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
     {"encode_entries", encode_entries, METH_VARARGS, "(entries of the records, what scan() yields of them)."},
+    {"capture_records", capture_records, METH_VARARGS, "(records, acks) of a burst of captured messages."},
     {"publish_responses", publish_responses, METH_VARARGS, "gRPC-framed PublishResponses acking records."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
     {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
@@ -614,7 +820,7 @@ PyMODINIT_FUNC PyInit__walk(void) {
             || !(name_headers = PyUnicode_InternFromString("headers"))
             || !(name_timestamp = PyUnicode_InternFromString("timestamp"))
             || !(name_header_block = PyUnicode_InternFromString("header_block"))
-            || !(no_headers = PyBytes_FromStringAndSize("\0\0", 2)))
+            || !(no_headers = PyBytes_FromStringAndSize("\0\0", 2)) || !(zero = PyLong_FromLong(0)))
         return NULL;
 #ifdef HAVE_SSE42_PATH
     __builtin_cpu_init();

@@ -62,6 +62,14 @@ class CapturedBatch:
 
 
 def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+    if native is None:
+        return capture_batch_python(deliveries)
+    records, acks = native.capture_records(deliveries, Record, stored_headers, _record_from_envelope, envelope.MAGIC)
+    return CapturedBatch(records, acks)
+
+
+def capture_batch_python(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+    """``capture_batch`` as a Python loop: the C module's reference."""
     batch = CapturedBatch([], [])
     records, acks = batch.records, batch.acks
     subject = reply = None
@@ -103,13 +111,19 @@ def _record(
     data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
 ) -> tuple[Record, AckRequest | None]:
     if envelope.is_envelope(data):
-        try:
-            message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
-        except envelope.EnvelopeError as exc:
-            log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
-        else:
-            return _record_from_publish(message, headers, header_block, subject)
+        return _record_from_envelope(data, subject, headers, header_block)
     return Record(data, None, headers, 0, header_block), None
+
+
+def _record_from_envelope(
+    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
+) -> tuple[Record, AckRequest | None]:
+    try:
+        message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
+    except envelope.EnvelopeError as exc:
+        log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
+        return Record(data, None, headers, 0, header_block), None
+    return _record_from_publish(message, headers, header_block, subject)
 
 
 def _record_from_publish(

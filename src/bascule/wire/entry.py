@@ -91,23 +91,25 @@ class Entry:
 
 
 def encode_entries(
-    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int
+    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int, floor: int | None = None,
 ) -> tuple[bytes, list[WalkedEntry]]:
     """Encode ``records`` as consecutive entries from ``first_offset``, ready to write, with
     what ``scan`` would yield for them (the log indexes them without walking them again).
 
-    A record's own nonzero timestamp wins over ``timestamp``. In C when built.
+    A record's own nonzero timestamp wins over ``timestamp``. With a ``floor``, no entry's
+    timestamp goes below it or below the entry's before it (a log's timestamps never go down).
+    In C when built.
     """
     _check_range("first offset", first_offset, 0, _MAX_INT64 - len(records))
     _check_range("leader epoch", leader_epoch, 0, _MAX_UINT64)
     if native is None:
-        return encode_entries_python(first_offset, leader_epoch, records, timestamp)
+        return encode_entries_python(first_offset, leader_epoch, records, timestamp, floor)
     batch = records if isinstance(records, list) else list(records)  # the log's appends pass lists
-    return native.encode_entries(batch, first_offset, leader_epoch, timestamp, encode_headers)
+    return native.encode_entries(batch, first_offset, leader_epoch, timestamp, floor, encode_headers, Record)
 
 
 def encode_entries_python(
-    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int
+    first_offset: int, leader_epoch: int, records: Sequence[Record], timestamp: int, floor: int | None = None,
 ) -> tuple[bytes, list[WalkedEntry]]:
     """``encode_entries`` as a Python loop: the C module's reference."""
     pack_header = _HEADER_BEFORE_CRC.pack
@@ -121,6 +123,8 @@ def encode_entries_python(
     for record in records:
         body = _encode_body(record)
         stamp = record.timestamp or timestamp
+        if floor is not None:
+            stamp = floor = max(stamp, floor)
         header = pack_header(offset, stamp, leader_epoch, len(body))
         append(header)
         append(pack_crc(crc32c(body, crc32c(header))))

@@ -443,8 +443,7 @@ class CommitLog:
         self._check_epoch_is_current(leader_epoch)
         now = max(self._clock(), self._last_timestamp)
         first_offset = self.next_offset
-        stamped = _monotonic(records, now, self._last_timestamp)
-        data, walked = encode_entries(first_offset, leader_epoch, stamped, now)
+        data, walked = encode_entries(first_offset, leader_epoch, records, now, floor=self._last_timestamp)
         self._write(data, walked, [(leader_epoch, first_offset)])
         return first_offset, self.newest_offset
 
@@ -871,19 +870,6 @@ class CommitLog:
 
 def _nothing_to_sync() -> None:
     pass
-
-
-def _monotonic(records: Sequence[Record], now: int, previous: int) -> Sequence[Record]:
-    """``records`` with their own timestamps raised where needed to never go below the
-    ``previous`` entry's; ``now`` (already >= ``previous``) stamps those without one."""
-    if not any(record.timestamp for record in records):
-        return records
-    stamped = []
-    for record in records:
-        timestamp = max(record.timestamp or now, previous)
-        stamped.append(Record(record.value, record.key, record.headers, timestamp))
-        previous = timestamp
-    return stamped
 
 
 def _base_offset(segment: Segment) -> int:
