@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # CONTAINERS=0 leaves out the tests marked `containers` (and the engine setup they need).
 CONTAINERS ?= 1
 
-.PHONY: venv run test check soak simulate containers fuse faketime promtool proto clean
+.PHONY: venv bytecode run test check soak simulate containers fuse faketime promtool proto clean
 
 venv: $(STAMP)
 
@@ -15,11 +15,17 @@ $(STAMP): pyproject.toml src/bascule/wire/_walk.c src/bascule/natsio/_frames.c
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
-run: venv
+# Bytecode for bascule's own modules: pip compiles an installed package, not an editable one, and
+# where PYTHONDONTWRITEBYTECODE is set (this machine, many CI images) every node process would
+# compile them again at its start (0.15 s of a 0.4 s start).
+bytecode: venv
+	$(PY) -m compileall -q src/bascule > /dev/null
+
+run: venv bytecode
 	$(VENV)/bin/bascule server --embedded-nats --raft-bootstrap-seed -d ./data --port 9292
 
 # --durations: the slowest tests in every run's log, to keep the suite under 15 minutes on 2 cores.
-test: venv check containers fuse faketime promtool
+test: venv bytecode check containers fuse faketime promtool
 	$(PY) -m pytest -q --durations=15 $(if $(filter 0,$(CONTAINERS)),-m "not containers") $(PYTEST_ARGS)
 
 # Lint, types and the layering contracts (pyproject.toml): the code's shape, checked before its behaviour.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import json
 import shlex
 import shutil
@@ -24,6 +25,7 @@ if __package__ in (None, ""):
 if find_spec("bascule") is None:  # a checkout without the package installed
     sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 
+import bascule  # noqa: E402
 from benchmarks import node_client  # noqa: E402
 from benchmarks.environment import machine_info, versions  # noqa: E402
 from benchmarks.harness import BASCULE, JETSTREAM, NATS, BenchError, Context, log, now  # noqa: E402
@@ -225,6 +227,8 @@ def main(argv: list[str]) -> int:
         list_scenarios()
         return 0
     complete_args(args)
+    # Node processes start as an installed package's would: from bytecode (see `make bytecode`).
+    compileall.compile_dir(Path(bascule.__file__).parent, quiet=1)
     profiler = Profiler(Path(args.profile).resolve(), args.profile_rate, args.profile_native) if args.profile else None
 
     def terminate(signum: int, frame: Any) -> None:

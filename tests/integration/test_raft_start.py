@@ -34,3 +34,20 @@ async def test_a_sole_voter_leads_without_waiting_out_an_election_timeout(tmp_pa
         raft.close()
     assert first < shortest_timeout and again < shortest_timeout, (first, again)
 
+
+
+async def test_a_sole_voter_commits_each_command_without_waiting_for_its_next_tick(tmp_path):
+    """pysyncobj commits a sole voter's entry on the tick after the one that appended it, and nothing
+    but a timeout (autoTickPeriod) starts that tick: ten commands one after the other took a second."""
+    address = f"127.0.0.1:{free_port()}"
+    tick = raft_conf(tmp_path / "conf", address, None).autoTickPeriod
+    raft, _ = await _leads_after(address, tmp_path)
+    try:
+        started = time.monotonic()
+        for n in range(10):
+            await raft.propose(RegisterBroker(id=f"b{n}", host="h", port=1, raft=address, incarnation="i",
+                                              unclean=False))
+        took = time.monotonic() - started
+    finally:
+        raft.close()
+    assert took < 10 * tick / 2, took
