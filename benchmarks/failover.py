@@ -26,9 +26,9 @@ async def run_failover(ctx: Context, system: str) -> list[dict[str, Any]]:
 
 
 async def _failover_bascule(ctx: Context) -> list[dict[str, Any]]:
-    config = {"clustering.replica.max.leader.timeout": "1s"}
     timeout = ctx.args.failover_timeout
-    async with BasculeSystem(ctx, "failover-bascule", 3, config) as sys_:
+    # The failure-detection defaults a user keeps (clustering.replica.max.leader.timeout and the rest).
+    async with BasculeSystem(ctx, "failover-bascule", 3, {}) as sys_:
 
         async def kill_leader(stream: str, subject: str) -> tuple[dict[str, Any], int]:
             leader = await sys_.leader_of(stream)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bascule.config.model import ClusteringConfig
 from bascule.server import HANDOFF_TIMEOUT
 from benchmarks.harness import BASCULE, STREAM_SUBJECT_PREFIX, BenchError, Context, log, now
 from benchmarks.report import format_value
@@ -32,7 +33,8 @@ from benchmarks.trials import run_trials
 # A publish with ack ALL: when its ack arrived, or None if none did within the timeout.
 AckedPublish = Callable[[str, bytes, float], Awaitable[float | None]]
 
-LEADER_TIMEOUT = "1s"  # clustering.replica.max.leader.timeout: the failover scenario's
+# clustering.replica.max.leader.timeout: the default, as in the failover scenario.
+LEADER_TIMEOUT = ClusteringConfig().replica_max_leader_timeout
 PROBE_INTERVAL = 0.005
 PROBE_TIMEOUT = 5.0
 SETTLE = 1.0  # seconds of load before the first restart, after each node is back, and at the end
@@ -198,12 +200,11 @@ async def run_rolling_restart(ctx: Context, system: str) -> list[dict[str, Any]]
 
 async def _rolling_bascule(ctx: Context) -> list[dict[str, Any]]:
     settings = {"clustering.replica.max.leader.timeout": LEADER_TIMEOUT, "handoff_timeout_s": HANDOFF_TIMEOUT}
-    log(f"rolling_restart / bascule: clustering.replica.max.leader.timeout {LEADER_TIMEOUT} (as failover), "
+    log(f"rolling_restart / bascule: clustering.replica.max.leader.timeout {LEADER_TIMEOUT:g} s (the default), "
         f"replica.max.lag.time at its default, HANDOFF_TIMEOUT {HANDOFF_TIMEOUT} s; probes: envelopes with "
         f"ack ALL every {PROBE_INTERVAL * 1000:g} ms, {PROBE_TIMEOUT:g} s timeout each, over the cluster's "
         f"nats-server (not restarted); the partition leader restarts first")
-    config = {"clustering.replica.max.leader.timeout": LEADER_TIMEOUT}
-    async with BasculeSystem(ctx, "rolling-bascule", 3, config) as sys_:
+    async with BasculeSystem(ctx, "rolling-bascule", 3, {}) as sys_:
 
         async def trial(n: int, profiled: bool) -> dict[str, Any]:
             metrics: dict[str, Any] = {"settings": settings}

@@ -45,6 +45,7 @@ FULL_COUNTS = {
     "ceiling": 1_000_000,
     "scale": 300_000,
     "restart": 1_000_000,
+    "stability": 6_000_000,
     "kills": 5,
 }
 QUICK_COUNTS = {
@@ -55,9 +56,10 @@ QUICK_COUNTS = {
     "ceiling": 100_000,
     "scale": 20_000,
     "restart": 50_000,
+    "stability": 200_000,
     "kills": 2,
 }
-MESSAGE_COUNTS = ("capture", "acked", "consume", "durable", "ceiling", "scale", "restart")
+MESSAGE_COUNTS = ("capture", "acked", "consume", "durable", "ceiling", "scale", "restart", "stability")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from benchmarks.failover import run_failover
 from benchmarks.harness import BASCULE, JETSTREAM, NATS, Context
 from benchmarks.restart import run_restart
 from benchmarks.rolling import run_rolling_restart
+from benchmarks.stability import run_stability
 from benchmarks.throughput import (
     run_acked_r3,
     run_capture_r1,
@@ -75,8 +76,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              (NATS,), run_ceiling, ("rate", "publish_rate")),
     Scenario("failover", "failover: SIGKILL of the partition/stream leader, until an ack-ALL publish succeeds",
              (BASCULE, JETSTREAM), run_failover, ("failover_median_s", "failover_worst_s")),
+    Scenario("stability", "false failovers: 4 R3 streams captured at full rate with the default failure "
+             "detection while a CPU hog takes a core; leader changes and ISR losses seen (all false)",
+             (BASCULE, JETSTREAM), run_stability, ("leader_changes", "isr_losses", "rate", "loaded_s")),
     Scenario("rolling_restart", "rolling restart of 3 nodes under ack-ALL probes every 5 ms, leader first "
-             "(bascule: SIGTERM, then SIGKILL as its baseline; leader timeout 1 s); JetStream: SIGTERM",
+             "(bascule: SIGTERM, then SIGKILL as its baseline; default leader timeout); JetStream: SIGTERM",
              (BASCULE, JETSTREAM), run_rolling_restart,
              ("stall_max_ms", "stall_leader_ms", "stall_follower_ms", "steady_gap_ms", "unacked", "lost",
               "forced_stops", "kill_stall_max_ms", "kill_stall_leader_ms", "kill_stall_follower_ms", "kill_unacked",

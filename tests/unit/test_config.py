@@ -56,7 +56,7 @@ def parse_flags(*argv: str) -> argparse.Namespace:
 # ---- defaults ------------------------------------------------------------------------------------
 
 
-def test_defaults_are_liftbridges_except_loopback_binding():
+def test_defaults_are_liftbridges_except_loopback_binding_and_failure_detection():
     config = load_config(None, {})
     assert (config.listen_host, config.port, config.host) == ("127.0.0.1", 9292, "")
     assert config.logging.level == "info"
@@ -67,8 +67,9 @@ def test_defaults_are_liftbridges_except_loopback_binding():
     assert config.clustering.namespace == "liftbridge-default"
     assert config.clustering.raft_listen == "127.0.0.1:0"
     assert config.clustering.min_insync_replicas == 1
-    assert config.clustering.replica_max_lag_time == 15.0
-    assert config.clustering.replica_max_leader_timeout == 15.0
+    # Liftbridge's 15 s each: a dead leader's partitions went 15 s without one (docs/operations.md).
+    assert config.clustering.replica_max_lag_time == 5.0
+    assert config.clustering.replica_max_leader_timeout == 2.0
     assert config.clustering.replica_max_idle_wait == 10.0
     assert config.clustering.replica_fetch_timeout == 3.0
     assert config.clustering.replication_max_bytes == 1024 * 1024

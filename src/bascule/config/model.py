@@ -70,8 +70,8 @@ class ClusteringConfig:
     # password (any local process can derive it too, and so join the cluster or run code in it).
     raft_insecure: bool = False
     min_insync_replicas: int = 1
-    replica_max_lag_time: float = 15.0
-    replica_max_leader_timeout: float = 15.0
+    replica_max_lag_time: float = 5.0
+    replica_max_leader_timeout: float = 2.0
     replica_max_idle_wait: float = 10.0
     replica_fetch_timeout: float = 3.0
     replication_max_bytes: int = 1 * MiB
