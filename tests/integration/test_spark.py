@@ -274,7 +274,8 @@ def test_planning_against_the_brokers(broker, batch_stream):
          r"no message of orders/\d has a timestamp at or after"),
         ({"assign": '{"orders": [0, 5]}'}, r"assign names partitions \[5\] of stream 'orders'"),
         ({"stream": "orders,nope,nope2"}, "streams 'nope', 'nope2' do not exist"),
-        ({"brokers": "127.0.0.1:1", "stream": "orders"}, "no broker answered"),
+        # Nothing listens there: the client waits out its deadline for a connection (30 s by default).
+        ({"brokers": "127.0.0.1:1", "stream": "orders", "requestTimeoutMs": "1000"}, "no broker answered"),
     ]
     for options, message in cases:
         with pytest.raises(BasculeSparkError, match=message):
