@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,11 +71,12 @@ def spark_class(name: str, *args: str, log: Path, env: dict[str, str]) -> subpro
         )
 
 
-def alive_workers(web_ui: str) -> int:
+def alive_workers(web_ui: str) -> int | None:
+    """The workers the master lists as alive; None while its web UI does not answer."""
     with contextlib.suppress(OSError, ValueError):
         with urllib.request.urlopen(f"{web_ui}/json/", timeout=2) as answer:
             return sum(w["state"] == "ALIVE" for w in json.load(answer)["workers"])
-    return 0
+    return None
 
 
 def stop_group(process: subprocess.Popen) -> None:
@@ -88,9 +89,31 @@ def stop_group(process: subprocess.Popen) -> None:
             return
 
 
+class Standalone:
+    """A started master and its two workers: ``url``, the master's; ``wait_for_workers``, until both
+    registered (the fixture returns once the master answers; the workers' JVMs are still starting, as
+    may a driver's and the test's bascule cluster)."""
+
+    def __init__(self, url: str, web_ui: str, processes: list[subprocess.Popen], logs: Path) -> None:
+        self.url = url
+        self.web_ui = web_ui
+        self.processes = processes
+        self.logs = logs
+
+    def wait_until(self, ready: Callable[[int | None], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready(alive_workers(self.web_ui)):
+            assert all(p.poll() is None for p in self.processes), f"a Spark daemon exited; logs in {self.logs}"
+            assert time.monotonic() < deadline, f"{what} in {timeout} s; logs in {self.logs}"
+            time.sleep(0.2)
+
+    def wait_for_workers(self) -> None:
+        self.wait_until(lambda alive: alive is not None and alive >= 2, "two workers never registered")
+
+
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory) -> Iterator[str]:
-    """A master and two workers (one core, 1 GiB each): the master's URL."""
+def standalone(tmp_path_factory) -> Iterator[Standalone]:
+    """A master and two workers (one core, 1 GiB each), the master answering."""
     work = tmp_path_factory.mktemp("spark-standalone")
     (work / "logs").mkdir()
     env = spark_env(work)
@@ -104,12 +127,10 @@ def standalone(tmp_path_factory) -> Iterator[str]:
                 "worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
                 "--webui-port", str(free_port()), master, log=work / "logs" / f"worker-{i}.out", env=env,
             ))
-        deadline = time.monotonic() + 60
-        while alive_workers(f"http://127.0.0.1:{ui}") < 2:
-            assert all(p.poll() is None for p in processes), f"a Spark daemon exited; logs in {work / 'logs'}"
-            assert time.monotonic() < deadline, f"two workers never registered; logs in {work / 'logs'}"
-            time.sleep(0.5)
-        yield master
+        cluster = Standalone(master, f"http://127.0.0.1:{ui}", processes, work / "logs")
+        # A driver started before the master listens waits 20 s to register again: the master first.
+        cluster.wait_until(lambda alive: alive is not None, "the master never answered")
+        yield cluster
     finally:
         for process in reversed(processes):
             stop_group(process)
@@ -119,8 +140,9 @@ def standalone(tmp_path_factory) -> Iterator[str]:
 
 
 def drive(master: str, brokers: str, out: str) -> None:
-    """The Spark application: the batch read, then the streaming query until the test says
-    "finish" on stdin; what each wrote, read back through Spark, in `out`/batch and `out`/stream."""
+    """The Spark application: once the test says "read" on stdin (its session starts meanwhile),
+    the batch read, then the streaming query until the test says "finish"; what each wrote, read
+    back through Spark, in `out`/batch and `out`/stream."""
     from pyspark.sql import SparkSession
 
     from bascule.spark import BasculeDataSource
@@ -134,6 +156,7 @@ def drive(master: str, brokers: str, out: str) -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(BasculeDataSource)
+    assert sys.stdin.readline().strip() == "read"
     columns = ("partition", "offset", "value")
     batch = spark.read.format("bascule").option("brokers", brokers).option("stream", "cluster-batch").load()
     batch.select(*columns).write.parquet(f"{out}/batch")
@@ -179,8 +202,12 @@ class Driver:
 
     def say(self, line: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            message = f"the driver ended before hearing {line!r}; its log: {self.log}\n{self.tail()}"
+            raise AssertionError(message) from None
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
@@ -222,25 +249,42 @@ def wait_for_files(directory: Path, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+async def leaders(client: Client, names: tuple[str, ...]) -> dict[str, list[str]] | None:
+    """Each stream's partition leaders, once every partition of every stream has one."""
+    streams = (await client.fetch_metadata(*names)).streams
+    found = {name: [streams[name].partitions[p].leader for p in range(PARTITIONS)]
+             for name in names if name in streams and len(streams[name].partitions) == PARTITIONS}
+    return found if len(found) == len(names) and all(all(ids) for ids in found.values()) else None
+
+
 def test_a_standalone_cluster_reads_exactly_and_streams_through_a_leaders_death_exactly_once(
     standalone, tmp_path
 ):
-    with LocalCluster(3, config=FAST) as cluster:
-        brokers = cluster.brokers
+    cluster = LocalCluster(3, config=FAST)  # its addresses are fixed from here
+    brokers = cluster.brokers
+    # The driver's JVM and session, the workers and the bascule cluster start side by side; the
+    # driver reads nothing before the test says "read".
+    driver = Driver(standalone.url, brokers, tmp_path)
+    try:
+        with cluster:
 
-        async def create() -> str:
-            async with Client(brokers, timeout=20) as client:
-                await client.wait_ready()
-                for name in ("cluster-batch", "cluster-live"):
-                    await client.create_stream(name, name, partitions=PARTITIONS, replication_factor=3, min_isr=2)
-                await asyncio.sleep(1)  # leaders elected before the first publish
-                return (await client.fetch_metadata("cluster-live")).streams["cluster-live"].partitions[0].leader
+            async def create() -> str:
+                names = ("cluster-batch", "cluster-live")
+                async with Client(brokers, timeout=20) as client:
+                    await client.wait_ready()
+                    for name in names:
+                        await client.create_stream(name, name, partitions=PARTITIONS, replication_factor=3, min_isr=2)
+                    deadline = time.monotonic() + 20  # leaders elected before the first publish
+                    while (elected := await leaders(client, names)) is None:
+                        assert time.monotonic() < deadline, "the streams' partitions got no leaders in 20 s"
+                        await asyncio.sleep(0.05)
+                    return elected["cluster-live"][0]
 
-        leader = asyncio.run(create())
-        asyncio.run(publish(brokers, "cluster-batch", 0, BATCH_PER_PARTITION))
-        asyncio.run(publish(brokers, "cluster-live", 0, LIVE_CHUNK))
-        driver = Driver(standalone, brokers, tmp_path)
-        try:
+            leader = asyncio.run(create())
+            asyncio.run(publish(brokers, "cluster-batch", 0, BATCH_PER_PARTITION))
+            asyncio.run(publish(brokers, "cluster-live", 0, LIVE_CHUNK))
+            standalone.wait_for_workers()
+            driver.say("read")
             driver.expect("batch written")
             expected_batch = asyncio.run(committed(brokers, "cluster-batch"))
             assert len(expected_batch) == PARTITIONS * BATCH_PER_PARTITION
@@ -255,15 +299,16 @@ def test_a_standalone_cluster_reads_exactly_and_streams_through_a_leaders_death_
             asyncio.run(publish(brokers, "cluster-live", 2 * LIVE_CHUNK, LIVE_CHUNK))
             driver.say("finish")
             driver.expect("done")
-        finally:
             driver.stop()
-        streamed = rows(tmp_path / "stream")
-        twice = [key for key, n in Counter((p, o) for p, o, _ in streamed).items() if n > 1]
-        assert not twice, f"read more than once: {twice[:10]}"
-        expected = asyncio.run(committed(brokers, "cluster-live"))
-        assert sorted(streamed) == sorted(expected)
-        published = {b"%d-%d" % (p, i) for p in range(PARTITIONS) for i in range(3 * LIVE_CHUNK)}
-        assert {v for _, _, v in expected} == published  # acked with ALL, so none lost to the kill
+            streamed = rows(tmp_path / "stream")
+            twice = [key for key, n in Counter((p, o) for p, o, _ in streamed).items() if n > 1]
+            assert not twice, f"read more than once: {twice[:10]}"
+            expected = asyncio.run(committed(brokers, "cluster-live"))
+            assert sorted(streamed) == sorted(expected)
+            published = {b"%d-%d" % (p, i) for p in range(PARTITIONS) for i in range(3 * LIVE_CHUNK)}
+            assert {v for _, _, v in expected} == published  # acked with ALL, so none lost to the kill
+    finally:
+        driver.stop()
 
 
 if __name__ == "__main__":
