@@ -30,7 +30,7 @@ from bascule.node.capture import when_ackable
 from bascule.node.core import NodeCore
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey
-from bascule.partition.log import CommitLog
+from bascule.partition.log import CommitLog, PartitionLog
 from bascule.partition.replica import Outcome, PartitionReplica
 from bascule.simulation.disk import Disks
 from bascule.simulation.invariants import Invariants, Key, Violation
@@ -158,23 +158,38 @@ class SimNode:
         self.bus.disconnect(self.id)
         self.metadata.leave(self.id)
 
-    def held(self, directory_of: Callable[[str, int], Path | None], stream: str, partition: int,
-             offset: int, value: bytes) -> bool:
-        """Whether this node's log of the partition holds ``value`` at ``offset`` (up or down)."""
+    @contextlib.contextmanager
+    def holdings(self, directory_of: Callable[[str, int], Path | None], stream: str,
+                 partition: int) -> Iterator[Callable[[int, bytes], bool]]:
+        """``held(offset, value)``: whether this node's log of the partition holds ``value`` at
+        ``offset`` (up or down). A down node's log is opened at the first question and kept open for
+        the others (a power cut asks one for each committed offset), then abandoned."""
         local = self.core.partitions.get(stream, partition) if self.up and self.core is not None else None
         if local is not None and not local.replica.closed:
-            entries = local.replica.log.read(offset, max_entries=1) if offset < local.replica.log.next_offset else []
-        else:
-            directory = directory_of(self.id, partition)
-            if directory is None or not directory.exists():
-                return False
-            with self.disks.suspended():
-                commit_log = CommitLog.open(directory)
-                try:
-                    entries = commit_log.read(offset, max_entries=1) if offset < commit_log.next_offset else []
-                finally:
-                    commit_log.abandon()
-        return bool(entries) and entries[0].offset == offset and entries[0].value == value
+            yield partial(_holds, local.replica.log)
+            return
+        opened: list[CommitLog | None] = []
+
+        def held(offset: int, value: bytes) -> bool:
+            if not opened:
+                directory = directory_of(self.id, partition)
+                if directory is None or not directory.exists():
+                    opened.append(None)
+                else:
+                    with self.disks.suspended():
+                        opened.append(CommitLog.open(directory))
+            return opened[0] is not None and _holds(opened[0], offset, value)
+
+        try:
+            yield held
+        finally:
+            if opened and opened[0] is not None:
+                opened[0].abandon()
+
+
+def _holds(log: PartitionLog | CommitLog, offset: int, value: bytes) -> bool:
+    entries = log.read(offset, max_entries=1) if offset < log.next_offset else []
+    return bool(entries) and entries[0].offset == offset and entries[0].value == value
 
 
 def drifting_clock(random_source: random.Random, max_drift: float) -> tuple[float, float]:
@@ -374,17 +389,23 @@ class SimCluster:
             return
         node.crash(power_cut=True)
         for stream, partition in self.keys:
-            lost = self.invariants.forget_lost((stream, partition), partial(self._held, stream, partition))
+            with self._held(stream, partition) as held:
+                lost = self.invariants.forget_lost((stream, partition), held)
             if lost:
                 self.trace(f"{stream}/{partition}: offsets {_ranges(lost)} lost with every ISR copy to power cuts")
 
-    def _held(self, stream: str, partition: int, offset: int, value: bytes) -> bool:
-        """Whether an ISR member still holds ``value`` at ``offset``. A replica out of the ISR may
-        hold it too, but may never lead: with every ISR copy lost to power cuts the entry is gone,
-        as under Kafka's rules (without fsync, acked means held in the ISR's memory)."""
+    @contextlib.contextmanager
+    def _held(self, stream: str, partition: int) -> Iterator[Callable[[int, bytes], bool]]:
+        """``held(offset, value)``: whether an ISR member still holds ``value`` at ``offset``. A
+        replica out of the ISR may hold it too, but may never lead: with every ISR copy lost to power
+        cuts the entry is gone, as under Kafka's rules (without fsync, acked means held in the ISR's
+        memory). The ISR and the logs do not change while it answers (it is asked without awaiting)."""
         current = self.metadata.state.partition(stream, partition)
         isr = current.isr if current is not None else ()
-        return any(self.nodes[member].held(self._directory, stream, partition, offset, value) for member in isr)
+        with contextlib.ExitStack() as stack:
+            members = [stack.enter_context(self.nodes[member].holdings(self._directory, stream, partition))
+                       for member in isr]
+            yield lambda offset, value: any(held(offset, value) for held in members)
 
     def _directory(self, node_id: str, partition: int) -> Path | None:
         stream = self.metadata.state.streams.get(STREAM)
