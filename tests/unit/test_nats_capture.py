@@ -126,7 +126,9 @@ frames = st.builds(
     st.sampled_from([b"", b"NATS/1.0\r\nA: b\r\n\r\n"]),
     st.sampled_from([b"", b"x", b"hello", b"\r\n", b"a\r\nb", b"LIFT"]),
 )
-pieces = st.one_of(frames, frames, frames, st.sampled_from([b"PING\r\n", b"PONG\r\n", b"+OK\r\n"]), st.binary(max_size=8))
+pieces = st.one_of(
+    frames, frames, frames, st.sampled_from([b"PING\r\n", b"PONG\r\n", b"+OK\r\n"]), st.binary(max_size=8),
+)
 
 
 def fed(parse, reads):

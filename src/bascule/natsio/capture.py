@@ -28,7 +28,7 @@ from bascule.natsio.auth import NatsAuth
 from bascule.wire.names import is_protocol_token
 
 try:
-    from bascule.natsio import _frames
+    import bascule.natsio._frames as _frames
 except ImportError:  # built without a C compiler: the Python loop stands in
     _frames = None  # type: ignore[assignment]
 
