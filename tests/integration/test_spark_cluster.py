@@ -29,6 +29,7 @@ pyspark = pytest.importorskip("pyspark", reason="PySpark is not installed (pip i
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
 from cluster_checks import FAST  # noqa: E402
+from test_spark import JVM_OPTIONS  # noqa: E402
 
 from bascule.client import Client  # noqa: E402
 from bascule.testing.local import LocalCluster  # noqa: E402
@@ -59,6 +60,7 @@ def spark_env(work: Path) -> dict[str, str]:
         "SPARK_WORKER_DIR": str(work / "workers"),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "JDK_JAVA_OPTIONS": JVM_OPTIONS,  # every JVM here: master, workers, driver, executors
     }
 
 

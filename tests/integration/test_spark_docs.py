@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="PySpark is not installed (pip install -e '.[spark]')")
 
-from test_spark import run, spark  # noqa: E402, F401  (the session-scoped SparkSession fixture)
+from test_spark import JVM_OPTIONS, run, spark  # noqa: E402, F401  (the session-scoped SparkSession fixture)
 
 from bascule.client import Client  # noqa: E402
 from bascule.testing.local import LocalCluster  # noqa: E402
@@ -137,7 +137,7 @@ def test_the_pipeline_example_prints_its_documented_output(node):
         env={
             **os.environ, "BASCULE_BROKERS": node.broker, "NATS_URL": node.nats_url,
             "CHECKPOINT": str(node.tmp / "big-orders-checkpoint"), "PYSPARK_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": "127.0.0.1", "JDK_JAVA_OPTIONS": JVM_OPTIONS,  # the JDK notes it on stderr
         },
     )
     assert done.returncode == 0, done.stderr[-3000:]
