@@ -280,13 +280,13 @@ class _Link(asyncio.Protocol):
                 raise ProtocolError("message payload not followed by CRLF")
             line = buffer[position:line_end]
             if line.startswith((b"MSG", b"HMSG")):
-                self._frame(line)  # cached: parse_frames takes the frame on the next call
+                self._remember_frame(line)  # parse_frames takes the frame on the next call
             else:
                 position = line_end + 2
                 self._control(line)
 
-    def _frame(self, line: bytes) -> Frame:
-        """A MSG/HMSG line parsed, and remembered: a stream's messages repeat a few lines."""
+    def _remember_frame(self, line: bytes) -> None:
+        """Parse a MSG/HMSG line into the cache of frames: a stream's messages repeat a few lines."""
         if (match := _MSG_LINE.fullmatch(line)) is not None:
             subject, sid, reply, size = match.groups()
             header_size, total = 0, int(size)
@@ -303,7 +303,6 @@ class _Link(asyncio.Protocol):
         if len(self._frames) >= FRAME_CACHE_SIZE:
             self._frames.clear()
         self._frames[line] = frame
-        return frame
 
     def _control(self, line: bytes) -> None:
         if line.startswith(b"INFO"):
