@@ -43,7 +43,7 @@ class Log:
         return self.flush(machine, now)
 
     def flush(self, machine: Leader[str], now: float) -> list:
-        actions = machine.flush()
+        actions = machine.flush(now)
         appends = [action for action in actions if isinstance(action, Append)]
         rest = [action for action in actions if not isinstance(action, Append)]
         for append in appends:
@@ -129,13 +129,13 @@ def test_a_failed_fsync_fails_everything_pending_and_is_never_retried():
     actions = machine.fail(ReplicaFailed("failed"))
     # The writes still pending, then the synced batch first among those awaiting a sync.
     assert failed(actions) == [("c", ReplicaFailed), ("a", ReplicaFailed), ("b", ReplicaFailed)]
-    assert machine.leadership is None and machine.flush() == []
+    assert machine.leadership is None and machine.flush(0.0) == []
 
 
 def test_a_failed_append_fails_its_writes_only():
     machine, log = leading(isr=("me",)), Log()
     machine.submit([Record(b"a")], "a", None)
-    assert isinstance(*machine.flush(), Append)
+    assert isinstance(*machine.flush(0.0), Append)
     error = OSError("ENOSPC")
     assert machine.append_failed(error) == [Fail(["a"], error)]
     assert acked(log.write(machine, "b", 1.0)) == [(0, "b")]
@@ -146,7 +146,7 @@ def test_an_unencodable_group_fails_alone():
     machine.submit([Record(b"a")], "a", None)
     machine.submit([Record(b"bad", headers={"n" * 70_000: b""})], "bad", None)  # a header name too long
     machine.submit([Record(b"c")], "c", None)
-    [append] = machine.flush()
+    [append] = machine.flush(0.0)
     refusals, retry = machine.unencodable(append.records)
     assert failed(refusals) == [("bad", ValueError)]
     assert retry is not None and [r.value for r in retry.records] == [b"a", b"c"]
@@ -159,7 +159,7 @@ def test_under_concurrency_control_groups_are_admitted_whole_in_order():
     machine.submit([Record(b"x")], "x", [1])  # "ab" takes offset 1
     machine.submit([Record(b"c")], "c", [2])
     machine.submit([Record(b"any")], "any", [NO_EXPECTATION])
-    actions = machine.flush()
+    actions = machine.flush(0.0)
     assert failed(actions) == [("x", IncorrectOffset)]
     [append] = [action for action in actions if isinstance(action, Append)]
     assert [r.value for r in append.records] == [b"a", b"b", b"c", b"any"]
@@ -187,7 +187,7 @@ def test_a_follower_fetching_what_was_written_commits_it_and_idle_followers_are_
 def test_a_commit_asked_for_as_its_write_is_acked_is_released_by_the_hw_that_write_moves():
     machine = leading(isr=("me",))
     machine.submit([Record(b"a")], "a", None)
-    machine.flush()
+    machine.flush(0.0)
     actions = machine.appended(0, 1, 1.0)
     assert acked(actions[:1]) == [(0, "a")] and PublishHighWatermark(0) in actions
     machine.leadership.acks.add(0, "a-committed")  # what an ack-ALL writer does on the write's ack
@@ -208,7 +208,7 @@ def test_a_log_failed_by_an_append_fails_that_append_first_among_those_awaiting_
     log.write(machine, "a", 1.0)  # its sync in flight
     log.write(machine, "b", 1.0)
     machine.submit([Record(b"c")], "c", None)
-    machine.flush()
+    machine.flush(0.0)
     cause = OSError("EIO")
     assert machine.log_failed(cause) == [Failed(cause)]
     assert failed(machine.fail(ReplicaFailed("failed"))) == [("c", ReplicaFailed), ("b", ReplicaFailed)]

@@ -69,9 +69,12 @@ def test_same_message_names():
     assert sorted(BASCULE_MESSAGES) == sorted(LIFTBRIDGE_MESSAGES)
 
 
-# Fields of liftbridge-api v2 that bascule has beyond v1.9.0 (which gufo-liftbridge compiles in).
+# Fields of liftbridge-api v2 that bascule has beyond v1.9.0 (which gufo-liftbridge compiles in),
+# and bascule's own (numbered from 100, away from Liftbridge's).
+_NULLABLE_INT64 = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.LABEL_OPTIONAL, ".proto.NullableInt64")
 V2_FIELDS: dict[str, list[FieldShape]] = {
     "proto.SubscribeRequest": [("reverse", 12, FieldDescriptor.TYPE_BOOL, FieldDescriptor.LABEL_OPTIONAL, "")],
+    "proto.CreateStreamRequest": [("dedupMaxMessages", 101, *_NULLABLE_INT64), ("dedupWindow", 100, *_NULLABLE_INT64)],
 }
 
 

@@ -24,6 +24,7 @@ from bascule.metadata.state import MetadataState
 from bascule.partition.replica import NotLeader
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
+from bascule.wire.dedup import message_ids
 from bascule.wire.entry import Record
 from bascule.wire.forwarding import Unforwarded
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
@@ -94,7 +95,7 @@ class PublishRPCs:
             return await self.publish(request, wait, inbox, attempts - 1)
         record = _record(request, local)
         if not wait:
-            local.replica.submit([record], expected=[request.expectedOffset])
+            local.replica.submit([record], expected=[request.expectedOffset], ids=message_ids([record]))
             return None
         return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
                                              request.correlationId, request.expectedOffset, inbox)

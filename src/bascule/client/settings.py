@@ -30,6 +30,10 @@ class StreamSettings:
     min_isr: int | None = None  # replicas that must have a message before an ack ALL
     optimistic_concurrency_control: bool | None = None  # publishes name the offset they expect
     encryption: bool | None = None  # values encrypted at rest with the server's key
+    # bascule's own: publishes with a Nats-Msg-Id header seen within this window are stored once
+    # (0 in either: deduplication off).
+    dedup_window: Duration | None = None
+    dedup_max_messages: int | None = None
 
     def apply_to(self, request: api_pb2.CreateStreamRequest) -> None:
         """Set the request's nullable fields for every setting given."""

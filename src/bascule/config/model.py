@@ -91,6 +91,9 @@ class StreamsConfig:
     concurrency_control: bool = False  # optimistic concurrency control, for streams that do not set it
     # Encryption at rest, for streams created without an ``encryption`` option (decided at creation).
     encryption: bool = False
+    # Deduplication by message id (wire.dedup), for streams that do not set it: 0 turns it off.
+    dedup_window: float = 2 * MINUTE
+    dedup_max_messages: int = 100_000
     # "never", "always", or the fsync interval in seconds.
     sync: str | float = "never"
 
@@ -155,6 +158,7 @@ class Config:
             auto_pause_disable_if_subscribers=streams.auto_pause_disable_if_subscribers,
             min_isr=self.clustering.min_insync_replicas, cursors_auto_pause_time=self.cursors.stream_auto_pause_time,
             concurrency_control=streams.concurrency_control,
+            dedup_window=streams.dedup_window, dedup_max_messages=streams.dedup_max_messages,
         )
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from bascule.wire.settings import MAX_SEGMENT_BYTES
+from bascule.wire.settings import MAX_DEDUP_MESSAGES, MAX_SEGMENT_BYTES
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -366,6 +366,8 @@ SETTINGS: dict[str, Setting] = {
     "streams.concurrency.control": Setting(_boolean, "streams.concurrency_control"),
     "streams.compact.enabled": Setting(_boolean, "streams.compact_enabled"),
     "streams.encryption": Setting(_boolean, "streams.encryption"),
+    "streams.dedup.window": Setting(_duration, "streams.dedup_window"),
+    "streams.dedup.max.messages": Setting(_integer(0, MAX_DEDUP_MESSAGES), "streams.dedup_max_messages"),
     "cursors.stream.partitions": Setting(_integer(0), "cursors.stream_partitions"),
     "cursors.stream.replication.factor": Setting(_integer(-1), "cursors.stream_replication_factor"),
     "cursors.stream.auto.pause.time": Setting(_duration, "cursors.stream_auto_pause_time"),

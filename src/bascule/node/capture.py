@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from bascule.natsio.capture import CaptureConnection, Delivery
 from bascule.node.partitions import LocalPartition
 from bascule.partition.encryption import EncryptionUnavailable
-from bascule.partition.replica import NotLeader, Outcome, PartitionClosed, PartitionReplica, ReplicaFailed
+from bascule.partition.replica import (
+    NotLeader,
+    Outcome,
+    PartitionClosed,
+    PartitionReplica,
+    Placement,
+    ReplicaFailed,
+    placed_offsets,
+)
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
 from bascule.wire.pb import api_pb2
@@ -31,6 +39,20 @@ def when_ackable(replica: PartitionReplica, policy: int, offset: int, then: Outc
         replica.when_committed(offset, then)
     else:
         then(offset, None)
+
+
+def ack_point(offsets: Sequence[int], indices: list[int]) -> int:
+    """The offset whose commit the acks of the records ``indices`` (ascending) of a write wait for:
+    the highest of theirs (a duplicate's is its first copy's, which may be below the others)."""
+    return offsets[indices[-1]] if isinstance(offsets, range) else max(offsets[index] for index in indices)
+
+
+def numbered(offsets: Sequence[int], indices: list[int]) -> tuple[int, list[int]]:
+    """(base, numbers) such that base + numbers[i] is the offset of record indices[i]: what the
+    ack encoders take, which number a burst's acks from its first offset."""
+    if isinstance(offsets, range):
+        return offsets.start, indices
+    return 0, [offsets[index] for index in indices]
 
 
 def drop_reason(error: BaseException) -> str:
@@ -95,7 +117,7 @@ class CapturePath:
 
     def _written_alone(
         self, local: LocalPartition, ack: capture.AckRequest | None, reception_ns: int,
-        offset: int | None, error: BaseException | None,
+        offset: Placement | None, error: BaseException | None,
     ) -> None:
         if isinstance(error, IncorrectOffset):
             log.debug("refused a message on %s: %s", local.subject, error)
@@ -106,27 +128,30 @@ class CapturePath:
         else:
             self._written(local, [(0, ack)], 1, reception_ns, offset, error)
 
-    def _count_if_dropped(self, count: int, first_offset: int | None, error: BaseException | None) -> None:
+    def _count_if_dropped(self, count: int, placement: Placement | None, error: BaseException | None) -> None:
         """The outcome of a burst of ``count`` messages: counted in ``dropped`` if it failed."""
         if error is not None:
             self.dropped[drop_reason(error)] += count
 
     def _written(
         self, local: LocalPartition, acks: list[tuple[int, capture.AckRequest]], count: int,
-        reception_ns: int, first_offset: int | None, error: BaseException | None,
+        reception_ns: int, placement: Placement | None, error: BaseException | None,
     ) -> None:
-        if error is not None or first_offset is None:
-            self._count_if_dropped(count, first_offset, error)
+        if error is not None or placement is None:
+            self._count_if_dropped(count, placement, error)
             if isinstance(error, EncryptionUnavailable):  # Liftbridge acks this refusal
                 self._refuse(local, [request for _, request in acks], api_pb2.Ack.Error.ENCRYPTION, reception_ns)
             return  # else no ack: the publisher's timeout tells it the write did not happen
+        offsets = placed_offsets(placement, count)
+        base, numbers = numbered(offsets, [index for index, _ in acks])
+        acks = [(number, request) for number, (_, request) in zip(numbers, acks)]
         on_write = [ack for ack in acks if ack[1].policy != capture.ALL]
         on_commit = [ack for ack in acks if ack[1].policy == capture.ALL]
         for group in (on_write, on_commit):
             if group:
-                index, request = group[-1]
-                when_ackable(local.replica, request.policy, first_offset + index,
-                             partial(self._ackable, local, first_offset, group, reception_ns))
+                highest = group[-1][0] if isinstance(offsets, range) else max(number for number, _ in group)
+                when_ackable(local.replica, group[-1][1].policy, base + highest,
+                             partial(self._ackable, local, base, group, reception_ns))
 
     def _refuse(
         self, local: LocalPartition, requests: list[capture.AckRequest], error: api_pb2.Ack.Error, reception_ns: int,

@@ -30,6 +30,7 @@ from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint, encode_notification
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
+from bascule.partition.replication.dedup import DedupLimits
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.pb import internal_pb2
@@ -371,9 +372,10 @@ class Partitions:
                 log.warning("%s/%s is encrypted and this node has no valid encryption key (%s): it replicates"
                             " the partition but refuses its writes and reads", stream.name, partition.id,
                             values.problem)
+        settings = effective_settings(stream.name, stream.settings, self.config.stream_defaults)
         replica = PartitionReplica(
             stream.name, partition.id, commit_log, self.sync_policy, self.clock, self._notify_followers,
-            effective_settings(stream.name, stream.settings, self.config.stream_defaults).concurrency_control, values,
+            settings.concurrency_control, values, DedupLimits(settings.dedup_window, settings.dedup_max_messages),
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
 

@@ -8,16 +8,18 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Sequence
 from functools import partial
 
 from bascule.metadata.raft import MetadataError, MetadataRaft
 from bascule.metadata.state import NOT_FOUND
 from bascule.natsio.publisher import EnvelopePublisher
-from bascule.node.capture import when_ackable
+from bascule.node.capture import ack_point, numbered, when_ackable
 from bascule.node.forwarding import Forwarder
-from bascule.partition.replica import NotLeader, PartitionReplica, settle
+from bascule.partition.replica import NotLeader, PartitionReplica, Placement, placed_offsets, settle
 from bascule.partition.replication.concurrency import NO_EXPECTATION
 from bascule.wire import capture
+from bascule.wire.dedup import message_ids
 from bascule.wire.entry import Record
 from bascule.wire.names import partition_subject
 from bascule.wire.pb import api_pb2
@@ -96,13 +98,13 @@ class PublishPath:
                 on_ack(capture.ack_message(replica.stream, subject, offset, request, reception,
                                            time.time_ns()), None)
 
-        def written(offset: int | None, error: BaseException | None) -> None:
-            if error is None and offset is not None:
-                when_ackable(replica, policy, offset, ackable)
+        def written(placement: Placement | None, error: BaseException | None) -> None:
+            if error is None and placement is not None:
+                when_ackable(replica, policy, placed_offsets(placement, 1)[0], ackable)
             else:
                 on_ack(None, error)
 
-        replica.submit([record], written, API_WRITE_LINGER, [expected_offset])
+        replica.submit([record], written, API_WRITE_LINGER, [expected_offset], message_ids([record]))
 
     def submit_burst(
         self, replica: PartitionReplica, subject: str, records: list[Record], correlation_ids: list[str],
@@ -124,30 +126,33 @@ class PublishPath:
             return
         reception = time.time_ns()
         acked = [index for index, policy in enumerate(policies) if policy != capture.NONE]
+        ids = message_ids(records)
         if not acked:
-            replica.submit(records, expected=expected_offsets)
+            replica.submit(records, expected=expected_offsets, ids=ids)
             return
 
-        def ackable(first: int, policy: api_pb2.AckPolicy, group: list[int], _: int | None,
+        def ackable(offsets: Sequence[int], policy: api_pb2.AckPolicy, group: list[int], _: int | None,
                     error: BaseException | None) -> None:
             if error is not None:
                 on_acks(group, None, error)
             else:
+                base, numbers = numbered(offsets, group)
                 on_acks(group, capture.publish_responses(
-                    replica.stream, subject, policy, first, group, [correlation_ids[index] for index in group],
+                    replica.stream, subject, policy, base, numbers, [correlation_ids[index] for index in group],
                     reception, time.time_ns(), inbox), None)
 
-        def written(first: int | None, error: BaseException | None) -> None:
-            if error is not None or first is None:
+        def written(placement: Placement | None, error: BaseException | None) -> None:
+            if error is not None or placement is None:
                 on_acks(acked, None, error or NotLeader("not written"))
                 return
+            offsets = placed_offsets(placement, len(records))
             groups: dict[api_pb2.AckPolicy, list[int]] = {}  # acked on write, or on commit (ALL)
             for index in acked:
                 groups.setdefault(policies[index], []).append(index)
             for policy, group in groups.items():
-                when_ackable(replica, policy, first + group[-1], partial(ackable, first, policy, group))
+                when_ackable(replica, policy, ack_point(offsets, group), partial(ackable, offsets, policy, group))
 
-        replica.submit(records, written, API_WRITE_LINGER, expected_offsets)
+        replica.submit(records, written, API_WRITE_LINGER, expected_offsets, ids)
 
     async def publish(
         self, replica: PartitionReplica, subject: str, record: Record, policy: api_pb2.AckPolicy, correlation_id: str,

@@ -21,6 +21,7 @@ from functools import partial
 
 from bascule.partition.encryption import EncryptionUnavailable, Values, opening, sealed_records
 from bascule.partition.log import LogFailed, PartitionLog
+from bascule.partition.replication.dedup import DedupLimits, DedupWindow
 from bascule.partition.replication.isr import IsrTracker
 from bascule.partition.replication.leader import (
     Acknowledge,
@@ -35,12 +36,14 @@ from bascule.partition.replication.leader import (
     Notify,
     NotLeader,
     PartitionClosed,
+    Placement,
     PublishHighWatermark,
     ReplicaFailed,
     StartSync,
     StepDown,
 )
-from bascule.wire.entry import Entry, EntryWalk, Record, WalkedEntry, stored_prefix
+from bascule.wire.dedup import message_id, window_key
+from bascule.wire.entry import CorruptEntry, Entry, EntryWalk, Record, WalkedEntry, stored_prefix
 
 
 @dataclass
@@ -77,6 +80,16 @@ class SyncPolicy:
 # Told the outcome of a write or of a commit: (offset, None) on success, (None, error) otherwise.
 # Callbacks instead of futures, because capture asks for one per acked message.
 Outcome = Callable[[int | None, BaseException | None], None]
+# Told the outcome of a submit: (its records' placement, None), or (None, error).
+WriteOutcome = Callable[[Placement | None, BaseException | None], None]
+NO_DEDUP = DedupLimits(0, 0)
+# How many entries at a time a new leader reads to rebuild its deduplication window.
+_RECENT_IDS_CHUNK = 4096
+
+
+def placed_offsets(placement: Placement, count: int) -> Sequence[int]:
+    """The offsets of a submit's ``count`` records, from its placement."""
+    return range(placement, placement + count) if isinstance(placement, int) else placement
 
 
 class PartitionReplica:
@@ -90,6 +103,7 @@ class PartitionReplica:
         notify_followers: Callable[[PartitionReplica, list[str]], None] = lambda *_: None,
         concurrency_control: bool = False,
         values: Values | None = None,
+        dedup: DedupLimits = NO_DEDUP,
     ) -> None:
         self.stream = stream
         self.partition = partition
@@ -112,7 +126,8 @@ class PartitionReplica:
         self._notify_followers = notify_followers
         # Liftbridge's optimistic concurrency control: appends check the offsets publishers expect.
         self.concurrency_control = concurrency_control
-        self._leader: Leader[Outcome] = Leader(
+        self.dedup = dedup  # the deduplication window's bounds, rebuilt from the log's tail as it leads
+        self._leader: Leader[WriteOutcome] = Leader(
             f"{stream}/{partition}", sync_always=sync_policy.always, concurrency_control=concurrency_control
         )
         # An encrypted stream's: values are sealed as this replica appends them as leader, and
@@ -229,6 +244,7 @@ class PartitionReplica:
             leader_id, leader_epoch, partition_epoch, replicas, isr, history=self.log.epochs,
             log_end_offset=self.log.next_offset, hw=self.log.high_watermark,
             min_isr=min_isr, max_lag_time=max_lag_time, leader_timeout=leader_timeout, now=now, unclean=unclean,
+            dedup=DedupWindow(self.dedup, recent_ids(self.log, self.dedup, now)) if self.dedup.enabled else None,
         ))
         self._wake_readers()
         self._checkpoint_new_epochs()
@@ -261,12 +277,15 @@ class PartitionReplica:
     # ---- leader: appends, fetches, acks -------------------------------------------------------
 
     def submit(
-        self, records: list[Record], on_written: Outcome | None = None, linger: float = 0.0,
-        expected: Sequence[int] | None = None,
+        self, records: list[Record], on_written: WriteOutcome | None = None, linger: float = 0.0,
+        expected: Sequence[int] | None = None, ids: Sequence[bytes | None] | None = None,
     ) -> None:
         """Queue records for this turn's append (or, with ``linger``, for an append that many
-        records arriving one per turn share); ``on_written`` learns the offset of the first of
-        them once all are written (and synced, under the ``always`` policy). A burst of captured
+        records arriving one per turn share); ``on_written`` learns their placement (see
+        ``placed_offsets``) once all are written (and synced, under the ``always`` policy).
+        ``ids``: each record's message id (``wire.dedup.message_id``, None: none): under
+        deduplication, a record whose id was written within the window is not written again, and
+        its placement is the first copy's offset. A burst of captured
         messages is one group with one outcome: a callback per message costs more than its append.
         ``expected``: the offset each record's publisher expects it to get (NO_EXPECTATION: any),
         checked under concurrency control, where these records are appended all or none
@@ -278,7 +297,7 @@ class PartitionReplica:
         leader = self._leader
         if leader.leadership is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        leader.submit(records, on_written, expected)
+        leader.submit(records, on_written, expected, ids and [None if key is None else window_key(key) for key in ids])
         if not self._flush_scheduled:
             self._flush_scheduled = True
             if linger:
@@ -288,7 +307,7 @@ class PartitionReplica:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        self._apply(self._leader.flush())
+        self._apply(self._leader.flush(self.clock()))
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the Leader machine's actions, in order (those of every write first)."""
@@ -578,3 +597,33 @@ def settle(future: asyncio.Future, result: object, error: BaseException | None) 
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def recent_ids(commit_log: PartitionLog, limits: DedupLimits, now: float) -> list[tuple[bytes, int, float]]:
+    """(window key, offset, time) of each message with an id a deduplication window over ``commit_log``
+    holds, oldest first: among its newest ``max_messages`` offsets and within ``max_age`` of its
+    newest entry, taken as written ``now`` (a window rebuilt after a pause keeps ids a little longer,
+    never shorter). Only that tail is read."""
+    end = commit_log.next_offset
+    start = max(commit_log.oldest_offset, end - limits.max_messages)
+    remembered: list[tuple[bytes, int, float]] = []
+    try:
+        newest = commit_log.read(end - 1, 1) if start < end else []
+        if not newest:
+            return []
+        newest_ns = newest[0].timestamp
+        start = max(start, commit_log.offset_for_timestamp(newest_ns - int(limits.max_age * 1e9)))
+        while start < end:
+            entries = commit_log.read(start, _RECENT_IDS_CHUNK, 1 << 24)
+            if not entries:
+                break
+            for entry in entries:
+                key = message_id(entry.headers)
+                if key is not None:
+                    remembered.append((window_key(key), entry.offset, now - (newest_ns - entry.timestamp) / 1e9))
+            start = entries[-1].offset + 1
+    except CorruptEntry as exc:
+        # The log's damage is its readers' and the cleaner's to report; the window knows the ids
+        # before it, and a retry of a message past it may be stored again.
+        log.warning("deduplication window of %s: stopped at damage: %s", commit_log.directory, exc)
+    return remembered

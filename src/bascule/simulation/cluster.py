@@ -31,7 +31,7 @@ from bascule.node.core import NodeCore
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey
 from bascule.partition.log import CommitLog, PartitionLog
-from bascule.partition.replica import Outcome, PartitionReplica
+from bascule.partition.replica import PartitionReplica, Placement, WriteOutcome, placed_offsets
 from bascule.simulation.disk import Disks
 from bascule.simulation.invariants import Invariants, Key, Violation
 from bascule.simulation.metadata import MetadataLog
@@ -310,7 +310,7 @@ class SimCluster:
 
     def _written(
         self, replica: PartitionReplica, node: str, value: bytes, outcome: asyncio.Future[int | None] | None,
-    ) -> Outcome:
+    ) -> WriteOutcome:
         key = (replica.stream, replica.partition)
 
         def settle(offset: int | None) -> None:
@@ -325,9 +325,9 @@ class SimCluster:
                     self.violation = self.violation or exc
             settle(offset if error is None else None)
 
-        def written(offset: int | None, error: BaseException | None) -> None:
-            if error is None and offset is not None:
-                when_ackable(replica, capture.ALL, offset, acked)
+        def written(placement: Placement | None, error: BaseException | None) -> None:
+            if error is None and placement is not None:
+                when_ackable(replica, capture.ALL, placed_offsets(placement, 1)[0], acked)
             else:
                 settle(None)
 

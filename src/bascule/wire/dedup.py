@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from bascule.wire.entry import Record
+
 MESSAGE_ID_HEADER = "Nats-Msg-Id"
 # An id longer than this is remembered by its SHA-256: the window's memory per id stays bounded
 # whatever publishers send, and the same id always gives the same key.
@@ -26,6 +28,12 @@ def message_id(headers: Mapping[str, bytes]) -> bytes | None:
     """The id a message's headers carry, or None (no header, or an empty one)."""
     value = headers.get(MESSAGE_ID_HEADER)
     return value or None
+
+
+def message_ids(records: list[Record]) -> list[bytes | None] | None:
+    """The records' message ids, or None when none has one (the common case costs no more)."""
+    ids = [message_id(record.headers) for record in records]
+    return ids if any(ids) else None
 
 
 def window_key(message_id: bytes) -> bytes:

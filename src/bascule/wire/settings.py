@@ -20,6 +20,8 @@ _MAX_INT64 = (1 << 63) - 1
 # Index points hold a segment position as uint32: a segment must stay below 4 GiB.
 MAX_SEGMENT_BYTES = (1 << 32) - 1
 MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: anything longer is a mistake, not a policy
+# A deduplication window remembers at most this many ids per partition (about 150 B each).
+MAX_DEDUP_MESSAGES = 1_000_000
 _NUMBER = (int, float)
 _MS = 0.001  # seconds per millisecond: the API gives durations in ms
 
@@ -50,6 +52,9 @@ SETTINGS: dict[str, Setting] = {
     "min_isr": Setting("minIsr", (int,), 0, MAX_REPLICATION_FACTOR),
     "optimistic_concurrency_control": Setting("optimisticConcurrencyControl", (bool,), None, None, None),
     "encryption": Setting("encryption", (bool,), None, None, None),
+    # bascule's own (CreateStreamRequest fields Liftbridge does not have); 0 turns deduplication off.
+    "dedup_window": Setting("dedupWindow", _NUMBER, 0, MAX_DURATION, _MS),
+    "dedup_max_messages": Setting("dedupMaxMessages", (int,), 0, MAX_DEDUP_MESSAGES),
     "resume_all": Setting(None, (bool,), None, None, None),  # set by a pause with resumeAll
 }
 
@@ -93,6 +98,8 @@ class StreamDefaults:
     min_isr: int
     cursors_auto_pause_time: float
     concurrency_control: bool = False
+    dedup_window: float = 0.0
+    dedup_max_messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,8 @@ class EffectiveSettings:
     auto_pause_unless_subscribed: bool
     min_isr: int
     concurrency_control: bool  # Liftbridge's optimistic concurrency control: appends check expected offsets
+    dedup_window: float  # seconds; 0: no deduplication
+    dedup_max_messages: int  # 0: no deduplication
 
 
 def effective_settings(stream: str, settings: Mapping[str, Any], defaults: StreamDefaults) -> EffectiveSettings:
@@ -135,6 +144,8 @@ def effective_settings(stream: str, settings: Mapping[str, Any], defaults: Strea
         min_isr=settings.get("min_isr") or defaults.min_isr,
         concurrency_control=stream not in RESERVED_STREAMS and bool(
             settings.get("optimistic_concurrency_control", defaults.concurrency_control)),
+        dedup_window=settings.get("dedup_window", defaults.dedup_window),
+        dedup_max_messages=settings.get("dedup_max_messages", defaults.dedup_max_messages),
     )
 
 

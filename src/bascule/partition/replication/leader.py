@@ -29,6 +29,7 @@ from bascule.partition.log.epochs import EpochHistory
 from bascule.wire.entry import Record, record_error
 
 from .concurrency import NO_EXPECTATION, IncorrectOffset, admitted
+from .dedup import DedupWindow
 from .isr import IsrTracker, PendingAcks
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,10 @@ class Leadership:
 # Its actions are not frozen: a frozen dataclass's __init__ costs several times a plain one's, and
 # a write makes a few of them.
 
-T = TypeVar("T")  # a write's outcome token: what the shell calls with its offset, or its error
+T = TypeVar("T")  # a write's outcome token: what the shell calls with its placement, or its error
+# Where a write's records are: the first one's offset when they were stored together, else each
+# one's (under deduplication, some were duplicates of messages written before).
+Placement = int | list[int]
 
 
 class NotLeader(Exception):
@@ -176,15 +180,15 @@ class StartSync(Generic[T]):
     ``synced`` or ``sync_failed``. ``writes`` are acked when it completes in ``leadership``."""
 
     leadership: Leadership | None
-    writes: list[tuple[int, T]]
+    writes: list[tuple[Placement, T]]
     durable_end: int
 
 
 @dataclass(slots=True)
 class Acknowledge(Generic[T]):
-    """Tell each token its (offset, no error), in order."""
+    """Tell each token its (placement, no error), in order."""
 
-    writes: list[tuple[int, T]]
+    writes: Sequence[tuple[Placement, T]]
 
 
 @dataclass(slots=True)
@@ -265,8 +269,15 @@ class Leader(Generic[T]):
         self._pending_tokens: list[tuple[int, T]] = []  # (index of a group's first record, token)
         self._pending_expected: list[_Expecting[T]] = []  # under concurrency control, one per submit
         self._appending: list[tuple[int, T]] = []  # the groups of the Append being carried out
-        self._awaiting_sync: list[tuple[int, T]] = []  # written, not yet fsynced
-        self._awaiting_lease: list[tuple[int, T]] = []  # written, in order, the lease lapsed
+        self._awaiting_sync: list[tuple[Placement, T]] = []  # written, not yet fsynced
+        self._awaiting_lease: list[tuple[Placement, T]] = []  # written, in order, the lease lapsed
+        # Deduplication (None: off): the window of ids written, and for the submits since the last
+        # flush, each record's id (None: no id) and each group's start, kept only once an id came.
+        self._window: DedupWindow | None = None
+        self._pending_ids: list[bytes | None] = []
+        self._pending_starts: list[int] = []
+        self._placed: list[tuple[Placement, T]] | None = None  # a deduplicated Append's writes
+        self._remembering: list[tuple[bytes, int]] = []  # its new ids and their offsets
         self._sync_due = False  # records written since the last fsync began (with tokens or not)
         self._syncing = False
         self._failed = False
@@ -281,10 +292,12 @@ class Leader(Generic[T]):
     def lead(
         self, leader_id: str, leader_epoch: int, partition_epoch: int, replicas: Iterable[str], isr: Iterable[str],
         *, history: EpochHistory, log_end_offset: int, hw: int, min_isr: int, max_lag_time: float,
-        leader_timeout: float, now: float, unclean: Iterable[str] = (),
+        leader_timeout: float, now: float, unclean: Iterable[str] = (), dedup: DedupWindow | None = None,
     ) -> list[Action]:
-        """Begin leading ``leader_epoch`` (after ``step_down`` from any earlier one)."""
+        """Begin leading ``leader_epoch`` (after ``step_down`` from any earlier one). ``dedup``: the
+        deduplication window, holding the ids of the log's tail (None: no deduplication)."""
         self._log_end, self._hw = log_end_offset, hw
+        self._window = dedup
         self.leadership = Leadership(
             leader_id, leader_epoch, partition_epoch, replicas, isr, history=history,
             log_end_offset=log_end_offset, hw=hw, min_isr=min_isr, max_lag_time=max_lag_time,
@@ -334,10 +347,18 @@ class Leader(Generic[T]):
 
     # ---- writes -------------------------------------------------------------------------------
 
-    def submit(self, records: list[Record], token: T | None, expected: Sequence[int] | None) -> None:
-        """Queue ``records`` as one group for the next ``flush``; ``token`` learns the offset of
-        the first once all are written. ``expected``: under concurrency control, each record's
-        expected offset (NO_EXPECTATION: any); the group is appended all or none."""
+    def submit(
+        self, records: list[Record], token: T | None, expected: Sequence[int] | None,
+        ids: Sequence[bytes | None] | None = None,
+    ) -> None:
+        """Queue ``records`` as one group for the next ``flush``; ``token`` learns their placement
+        once all are written. ``expected``: under concurrency control, each record's expected offset
+        (NO_EXPECTATION: any); the group is appended all or none. ``ids``: each record's message id
+        (``wire.dedup.window_key`` of it; None: none), for deduplication when it is on: a record
+        whose id the window holds, or an earlier record of the flush has, is not appended again, and
+        its placement is that message's offset."""
+        if self._window is not None:
+            self._pend_ids(records, ids)
         if self.concurrency_control:
             if expected is not None and len(expected) != len(records):
                 raise ValueError(f"{len(expected)} expected offsets for {len(records)} records")
@@ -346,12 +367,17 @@ class Leader(Generic[T]):
             self._pending_tokens.append((len(self._pending), token))
         self._pending += records
 
-    def flush(self) -> list[Action]:
+    def flush(self, now: float) -> list[Action]:
         """What the writes submitted since the last flush come to: an Append, and the refusals."""
         records, self._pending = self._pending, []
         tokens, self._pending_tokens = self._pending_tokens, []
         expecting, self._pending_expected = self._pending_expected, []
         leadership = self.leadership
+        starts, self._pending_starts = self._pending_starts, []
+        if self._pending_ids:
+            ids, self._pending_ids = self._pending_ids, []
+            if records and leadership is not None:
+                return self._deduplicated(leadership, records, ids, starts, dict(tokens), expecting, now)
         if not records or leadership is None:
             return []
         actions: list[Action] = []
@@ -367,6 +393,8 @@ class Leader(Generic[T]):
         """The log could not encode a record of the Append (``records``: as it was given them, in
         the Append's order): the refusals of the groups holding one, and the Append of the others
         (whose outcome goes to ``appended`` or a failure as the first's would have)."""
+        if self._placed is not None:  # never: a deduplicating flush refuses such groups first
+            return self.append_failed(ValueError(next(filter(None, map(record_error, records)), "unencodable"))), None
         kept, self._appending, refusals = _without_unencodable_groups(records, self._appending)
         leadership = self.leadership
         if not kept or leadership is None:
@@ -375,19 +403,23 @@ class Leader(Generic[T]):
 
     def append_failed(self, error: BaseException) -> list[Action]:
         """The Append failed and the log is as it was (a full disk, say): its writes fail."""
-        tokens, self._appending = self._appending, []
-        return [Fail([token for _, token in tokens], error)]
+        tokens = [token for _, token in self._taken_appending()]
+        return [Fail(tokens, error)]
 
     def log_failed(self, cause: BaseException) -> list[Action]:
         """The Append failed and left the log failed: its writes fail first, with all others."""
-        self._awaiting_sync[:0], self._appending = self._appending, []
+        self._awaiting_sync[:0] = self._taken_appending()
         return [Failed(cause)]
 
     def appended(self, first_offset: int, log_end: int, now: float) -> list[Action]:
         """The Append is in the log, from ``first_offset``; the log ends at ``log_end``."""
-        tokens, self._appending = self._appending, []
+        written: list[tuple[Placement, T]]
+        if self._placed is not None:
+            written = self._remembered(first_offset, log_end, now)
+        else:
+            tokens, self._appending = self._appending, []
+            written = [(first_offset + index, token) for index, token in tokens]
         self._log_end = log_end
-        written = [(first_offset + index, token) for index, token in tokens]
         leadership = self.leadership
         if self.sync_always:
             self._awaiting_sync += written
@@ -449,6 +481,104 @@ class Leader(Generic[T]):
 
     # ---- internals ----------------------------------------------------------------------------
 
+    def _pend_ids(self, records: list[Record], ids: Sequence[bytes | None] | None) -> None:
+        if ids is not None and len(ids) != len(records):
+            raise ValueError(f"{len(ids)} message ids for {len(records)} records")
+        self._pending_starts.append(len(self._pending))
+        if ids is not None and not self._pending_ids:
+            self._pending_ids = [None] * len(self._pending)  # the groups before had no ids
+        if ids is not None:
+            self._pending_ids += ids
+        elif self._pending_ids:
+            self._pending_ids += [None] * len(records)
+
+    def _deduplicated(
+        self, leadership: Leadership, records: list[Record], ids: list[bytes | None], starts: list[int],
+        tokens: dict[int, T], expecting: list[_Expecting[T]], now: float,
+    ) -> list[Action]:
+        """``flush`` when some records have ids: each group keeps only the records whose ids are
+        new (neither in the window nor earlier in this flush); those are checked (encodable,
+        expected offsets) and appended; a group's placement names each of its records' offsets,
+        and a group that holds a duplicate of a refused record is refused alike."""
+        groups, firsts_of_ids = _deduplicated_groups(self._window, records, ids, starts, tokens, expecting)
+        refusals = self._refusals(groups)
+        appending: list[Record] = []
+        firsts: dict[int, int] = {}
+        for number, group in enumerate(groups):
+            if group.new and number not in refusals:
+                firsts[number] = self._log_end + len(appending)
+                appending += group.new
+        actions: list[Action] = []
+        placed: list[tuple[Placement, T]] = []
+        for number, group in enumerate(groups):
+            if group.token is None:
+                continue
+            error = refusals.get(number)
+            placement: Placement = firsts.get(number, 0)  # stored together, as without ids
+            if len(group.new) < len(group.places):
+                placement, unplaced = _offsets(group.places, firsts, refusals)
+                error = error or unplaced
+            if error is not None:
+                actions.append(Fail([group.token], error))
+            else:
+                placed.append((placement, group.token))
+        if appending:
+            self._placed = placed
+            self._remembering = [(key, firsts[owner] + index) for key, (owner, index) in firsts_of_ids.items()
+                                 if owner in firsts]
+            actions.append(Append(appending, leadership.leader_epoch))
+        elif placed:
+            actions += self._written_again(leadership, placed, now)
+        return actions
+
+    def _refusals(self, groups: list[_Group[T]]) -> dict[int, BaseException]:
+        """The groups (by number) refused: holding a record the log cannot encode, or, under
+        concurrency control, whose new records would not get the offsets they expect."""
+        refusals: dict[int, BaseException] = {}
+        for number, group in enumerate(groups):
+            problem = next(filter(None, map(record_error, group.new)), None)
+            if problem is not None:
+                refusals[number] = ValueError(problem)
+        if not self.concurrency_control:
+            return refusals
+        candidates = [number for number, group in enumerate(groups) if group.new and number not in refusals]
+        expectations = [groups[number].expected or [NO_EXPECTATION] * len(groups[number].new) for number in candidates]
+        for number, verdict, expected in zip(candidates, admitted(self._log_end, expectations), expectations):
+            if not verdict:
+                refusals[number] = IncorrectOffset(f"{self.name}: expected offsets {expected}, the log ends"
+                                                   f" at {self._log_end} before this write")
+        return refusals
+
+    def _remembered(self, first_offset: int, log_end: int, now: float) -> list[tuple[Placement, T]]:
+        """A deduplicating flush's Append is in the log: its new ids join the window."""
+        if first_offset != self._log_end:
+            raise AssertionError(f"{self.name}: an Append placed at {self._log_end} went to {first_offset}")
+        placed, self._placed = self._placed or [], None
+        remembering, self._remembering = self._remembering, []
+        window = self._window
+        if window is not None:
+            for key, offset in remembering:
+                window.remember(key, offset, now)
+            window.expire(log_end, now)
+        return placed
+
+    def _written_again(self, leadership: Leadership, placed: list[tuple[Placement, T]], now: float) -> list[Action]:
+        """Writes whose records were all written before: acked as a write at the log's end would
+        be, after every write before them (their first copies among those)."""
+        if self.sync_always:
+            self._awaiting_sync += placed
+            self._sync_due = True
+            return self._start_sync()
+        return self._written(leadership, placed, self._log_end, now)
+
+    def _taken_appending(self) -> list[tuple[Placement, T]]:
+        """The writes of the Append being carried out, taken (for their tokens)."""
+        if self._placed is not None:
+            taken, self._placed, self._remembering = self._placed, None, []
+            return taken
+        appending, self._appending = self._appending, []
+        return list(appending)
+
     def _admitted(
         self, records: list[Record], expecting: list[_Expecting[T]], actions: list[Action]
     ) -> tuple[list[Record], list[tuple[int, T]]]:
@@ -479,7 +609,7 @@ class Leader(Generic[T]):
         return kept, kept_tokens
 
     def _written(
-        self, leadership: Leadership, written: list[tuple[int, T]], durable_end: int, now: float
+        self, leadership: Leadership, written: list[tuple[Placement, T]], durable_end: int, now: float
     ) -> list[Action]:
         """Records written in ``leadership`` are in the log (on disk, under ``always``) up to
         ``durable_end``: tell their writers, let followers fetch them, and commit what the ISR
@@ -535,8 +665,64 @@ class Leader(Generic[T]):
         tokens = [] if self.leadership is None else [token for _, token in self.leadership.acks.fail_all()]
         tokens += [token for _, token in self._awaiting_lease + self._pending_tokens + self._awaiting_sync]
         self._pending, self._pending_tokens, self._awaiting_sync, self._awaiting_lease = [], [], [], []
-        self._pending_expected = []
+        self._pending_expected, self._pending_ids, self._pending_starts = [], [], []
+        self._window = None  # the next leadership rebuilds it from the log
         return [Fail(tokens, error)] if tokens else []
+
+
+@dataclass(slots=True)
+class _Group(Generic[T]):
+    """One submit of a deduplicating flush: its token, its records whose ids are new (and their
+    expected offsets), and where each of its records is: a written message's offset, or
+    (group number, index among that group's new records) for one appended by this flush."""
+
+    token: T | None
+    new: list[Record]
+    expected: list[int] | None
+    places: list[int | tuple[int, int]]
+
+
+def _deduplicated_groups(
+    window: DedupWindow | None, records: list[Record], ids: list[bytes | None], starts: list[int],
+    tokens: dict[int, T], expecting: list[_Expecting[T]],
+) -> tuple[list[_Group[T]], dict[bytes, tuple[int, int]]]:
+    """The groups of a flush, and where the first record of each id new in it is."""
+    expected_at = {group.start: group.expected for group in expecting}
+    seen: dict[bytes, tuple[int, int]] = {}  # an id new in this flush: where its record is
+    groups: list[_Group[T]] = []
+    for number, (start, end) in enumerate(zip(starts, [*starts[1:], len(records)])):
+        expected = expected_at.get(start)
+        group: _Group[T] = _Group(tokens.get(start), [], None if expected is None else [], [])
+        for index in range(start, end):
+            key = ids[index]
+            if key is not None:
+                written = window.offset_of(key) if window is not None else None
+                place: int | tuple[int, int] | None = written if written is not None else seen.get(key)
+                if place is not None:
+                    group.places.append(place)
+                    continue
+                seen[key] = (number, len(group.new))
+            group.places.append((number, len(group.new)))
+            group.new.append(records[index])
+            if expected is not None and group.expected is not None:
+                group.expected.append(expected[index - start])
+        groups.append(group)
+    return groups, seen
+
+
+def _offsets(
+    places: list[int | tuple[int, int]], firsts: dict[int, int], refusals: dict[int, BaseException],
+) -> tuple[list[int], BaseException | None]:
+    """A group's records' offsets, or the refusal of a group holding the first copy of one."""
+    offsets = []
+    for place in places:
+        if isinstance(place, int):
+            offsets.append(place)
+        elif place[0] in refusals:
+            return [], refusals[place[0]]
+        else:
+            offsets.append(firsts[place[0]] + place[1])
+    return offsets, None
 
 
 def _without_unencodable_groups(
