@@ -14,7 +14,7 @@ from importlib.metadata import version
 import pytest
 from conftest import running_node
 
-from bascule.client import Client
+from bascule.client import MESSAGE_ID_HEADER, Client
 from bascule.testing.local import LocalCluster
 
 pytestmark = pytest.mark.anyio
@@ -79,6 +79,21 @@ async def test_stream_info_shows_each_partitions_log_and_the_streams_settings(tm
         assert "retentionMaxMessages=1000" in out and "MESSAGES" in out and "OLDEST" in out
         code, _, err = await bascule("stream-info", "nothing", "-a", address)
         assert code == 1 and "no such stream: nothing" in err
+
+
+async def test_publish_gives_each_message_an_id_of_its_own_and_keeps_a_given_one(tmp_path):
+    async with running_node(tmp_path) as (node, address), Client(address) as client:
+        await client.wait_ready()
+        await client.create_stream("ids", "ids")
+        code, _, err = await bascule("publish", "-s", "ids", "-m", "a", "-m", "b", "-a", address)
+        assert code == 0, err
+        code, _, err = await bascule("publish", "-s", "ids", "-m", "c", "-H", f"{MESSAGE_ID_HEADER}=order-7",
+                                     "-a", address)
+        assert code == 0, err
+        stored = [m async for m in client.subscribe("ids", start="earliest", stop_latest=True)]
+        ids = [m.headers.get(MESSAGE_ID_HEADER) for m in stored]
+        assert [m.value for m in stored] == [b"a", b"b", b"c"]
+        assert ids[0] != ids[1] and all(len(i or b"") == 22 for i in ids[:2]) and ids[2] == b"order-7"
 
 
 @pytest.mark.cluster

@@ -25,11 +25,12 @@ from bascule.client.reading import subscribe_batches as _subscribe_batches
 from bascule.client.reading import subscribe_messages as _subscribe_messages
 from bascule.client.settings import StreamSettings
 from bascule.client.tls import ClientTls
+from bascule.wire.dedup import MESSAGE_ID_HEADER
 from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
 
 __all__ = [
-    "ACK_POLICIES", "DEFAULT_RESUBSCRIBE_WAIT", "START_POSITIONS", "Ack", "Assignments", "BasculeError", "Client",
-    "ClientTls", "Consumer", "GroupInfo", "Membership", "Message", "Metadata", "PartitionInfo", "Partitioner",
-    "RoundRobin", "StreamInfo", "StreamSettings", "_as_dict", "_subscribe_batches", "_subscribe_messages",
-    "partition_by_key",
+    "ACK_POLICIES", "DEFAULT_RESUBSCRIBE_WAIT", "MESSAGE_ID_HEADER", "START_POSITIONS", "Ack", "Assignments",
+    "BasculeError", "Client", "ClientTls", "Consumer", "GroupInfo", "Membership", "Message", "Metadata",
+    "PartitionInfo", "Partitioner", "RoundRobin", "StreamInfo", "StreamSettings", "_as_dict", "_subscribe_batches",
+    "_subscribe_messages", "partition_by_key",
 ]

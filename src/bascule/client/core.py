@@ -5,7 +5,8 @@ subscribe, cursors) go to the partition's leader; other calls go to one broker, 
 known one when it fails. Failures that may come from stale metadata drop the cache, and the call
 is retried after a refresh for as long as the client's timeout allows. A subscription whose broker
 dies, or stops leading, resubscribes to the new leader for up to ``resubscribe_wait`` seconds,
-right after the last message it delivered.
+right after the last message it delivered. Publishes are idempotent (``client.idempotence``): a
+message's id and partition are chosen once, before its first attempt, and kept by its retries.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 
 from bascule.client.groups import Consumer
+from bascule.client.idempotence import with_message_id
 from bascule.client.model import (
     Ack,
     Assignments,
@@ -55,6 +58,7 @@ RETRY_FIRST_DELAY = 0.05
 RETRY_MAX_DELAY = 1.0
 DEFAULT_RESUBSCRIBE_WAIT = 30.0  # go-liftbridge's ResubscribeWaitTime
 NANOSECONDS = 1_000_000_000
+Result = TypeVar("Result")
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     # A broker that comes back is reached again within a second, not after gRPC's default
@@ -66,26 +70,10 @@ _CHANNEL_OPTIONS = [
 
 
 def _rpc_errors(call):
-    """BasculeError for failed calls; failures worth retrying (a broker gone, no metadata leader yet,
-    leadership moving) are retried with jittered exponential backoff, after a failover to the next
-    broker or a metadata refresh, for as long as the client's timeout allows."""
+    """The call made as `Client._with_retries` makes it, within the client's timeout."""
 
     async def wrapper(self, *args, **kwargs):
-        deadline = time.monotonic() + self.timeout
-        delay = RETRY_FIRST_DELAY
-        while True:
-            try:
-                return await call(self, *args, **kwargs)
-            except grpc.aio.AioRpcError as exc:
-                code, details = exc.code(), exc.details() or ""
-            except NoRoute as exc:
-                code, details = exc.code, exc.details
-            self._after_failure(code)
-            pause = delay * random.uniform(0.5, 1.0)
-            if not worth_retrying(code, details) or time.monotonic() + pause > deadline:
-                raise BasculeError(code, details) from None
-            await asyncio.sleep(pause)
-            delay = min(delay * 2, RETRY_MAX_DELAY)
+        return await self._with_retries(partial(call, self, *args, **kwargs), time.monotonic() + self.timeout)
 
     wrapper.__name__ = call.__name__
     wrapper.__doc__ = call.__doc__
@@ -95,7 +83,8 @@ def _rpc_errors(call):
 class Client:
     """``brokers``: one address (host:port) or several; the others are learnt from the metadata.
     ``partitioner``: where `publish` sends a message that names no partition (default: partition 0,
-    as go-liftbridge)."""
+    as go-liftbridge). ``idempotent``: whether publishes carry a message id (``Nats-Msg-Id``) that
+    lets the partition's leader store a retried message once; each publish call may say otherwise."""
 
     def __init__(
         self,
@@ -105,6 +94,7 @@ class Client:
         tls: ClientTls | None = None,
         resubscribe_wait: float = DEFAULT_RESUBSCRIBE_WAIT,
         partitioner: Partitioner | None = None,
+        idempotent: bool = True,
     ) -> None:
         self.seeds = [brokers] if isinstance(brokers, str) else list(brokers)
         if not self.seeds:
@@ -114,6 +104,7 @@ class Client:
         self.tls = tls
         self.resubscribe_wait = resubscribe_wait
         self.partitioner = partitioner
+        self.idempotent = idempotent
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._metadata = Metadata({})  # the cache: the brokers, and the streams asked about
 
@@ -129,6 +120,28 @@ class Client:
         self._channels.clear()
 
     # ---- routing ---------------------------------------------------------------------------------
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[Result]], deadline: float) -> Result:
+        """``attempt()``, and again while it fails in a way worth retrying (a broker gone, no metadata
+        leader yet, leadership moving), after a failover to the next broker or a metadata refresh,
+        with jittered exponential backoff, until ``deadline`` (time.monotonic()); a failure is
+        raised as BasculeError."""
+        delay = RETRY_FIRST_DELAY
+        while True:
+            try:
+                return await attempt()
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+            except NoRoute as exc:
+                code, details = exc.code, exc.details
+            except BasculeError as exc:  # what the client made of an answer (PublishAsync's errors)
+                code, details = exc.code, exc.message
+            self._after_failure(code)
+            pause = delay * random.uniform(0.5, 1.0)
+            if not worth_retrying(code, details) or time.monotonic() + pause > deadline:
+                raise BasculeError(code, details) from None
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
 
     def _stub(self, address: str | None = None) -> APIStub:
         address = address or self.address
@@ -184,14 +197,21 @@ class Client:
             raise BasculeError(grpc.StatusCode.NOT_FOUND, f"no such stream: {stream}")
         return len(info.partitions)
 
-    async def _target_partition(
-        self, stream: str, key: bytes | None, value: bytes, partition: int | None, partitioner: Partitioner | None,
-    ) -> int:
-        """The partition named, else the partitioner's choice, else partition 0."""
+    async def _target_partitions(
+        self, stream: str, messages: Sequence[tuple[bytes | None, bytes]], partition: int | None,
+        partitioner: Partitioner | None,
+    ) -> list[int]:
+        """Each message's (key, value) partition: the partition named, else the partitioner's choice,
+        else partition 0. The partitioner is asked once per message, after the only await: a retry
+        of this lookup asks no partitioner twice (a round-robin one would move on)."""
         partitioner = partitioner or self.partitioner
         if partition is not None or partitioner is None:
-            return partition or 0
-        return choose_partition(partitioner, stream, key, value, await self._partition_count(stream))
+            return [partition or 0] * len(messages)
+        count = await self._partition_count(stream)
+        return [choose_partition(partitioner, stream, key, value, count) for key, value in messages]
+
+    def _with_message_id(self, headers: Mapping[str, bytes] | None, idempotent: bool | None) -> dict[str, bytes]:
+        return with_message_id(headers, self.idempotent if idempotent is None else idempotent)
 
     # ---- streams ---------------------------------------------------------------------------------
 
@@ -247,8 +267,10 @@ class Client:
         return partition_info(response.metadata)
 
     # ---- publishing ------------------------------------------------------------------------------
+    # Each message's partition and id are chosen once, before its first attempt, and its retries keep
+    # both: only the partition it went to knows its id, and only the same id tells its leader that a
+    # retry is the message it may already have stored (the first attempt's ack lost, not its write).
 
-    @_rpc_errors
     async def publish(
         self,
         stream: str,
@@ -261,18 +283,28 @@ class Client:
         ack_policy: str = "leader",
         correlation_id: str = "",
         expected_offset: int = -1,
+        idempotent: bool | None = None,
     ) -> Ack | None:
         """Publish one message to its partition's leader; returns its ack (None with ack policy
         "none"). The partition: ``partition`` if given, else the partitioner's choice (this call's,
         else the client's), else 0. ``expected_offset``: the offset the message must get, for a
-        stream with optimistic concurrency control (-1: whatever is next)."""
-        partition = await self._target_partition(stream, key, value, partition, partitioner)
-        stub = await self._leader_stub(stream, partition)
-        request = _publish_request(stream, value, key, headers, partition, ack_policy, correlation_id, expected_offset)
-        response = await stub.Publish(request, timeout=self.timeout)
-        return ack_from(response.ack, partition) if response.HasField("ack") else None
+        stream with optimistic concurrency control (-1: whatever is next). ``idempotent`` (None: the
+        client's): give the message an id, unless ``headers`` carry a ``Nats-Msg-Id`` already."""
+        deadline = time.monotonic() + self.timeout
+        (target,) = await self._with_retries(
+            partial(self._target_partitions, stream, [(key, value)], partition, partitioner), deadline
+        )
+        request = _publish_request(
+            stream, value, key, self._with_message_id(headers, idempotent), target, ack_policy, correlation_id,
+            expected_offset,
+        )
+        return await self._with_retries(partial(self._send_publish, request), deadline)
 
-    @_rpc_errors
+    async def _send_publish(self, request: api_pb2.PublishRequest) -> Ack | None:
+        stub = await self._leader_stub(request.stream, request.partition)
+        response = await stub.Publish(request, timeout=self.timeout)
+        return ack_from(response.ack, request.partition) if response.HasField("ack") else None
+
     async def publish_many(
         self,
         stream: str,
@@ -283,46 +315,57 @@ class Client:
         partition: int | None = None,
         partitioner: Partitioner | None = None,
         ack_policy: str = "leader",
+        idempotent: bool | None = None,
     ) -> list[Ack]:
         """Publish a batch, one PublishAsync stream per partition; returns acks in publish order
         (none with ack policy "none"). ``keys`` and ``headers``, when given, run parallel to
-        ``values`` (None items allowed); partitions are chosen as `publish` chooses them."""
+        ``values`` (None items allowed); partitions and ids are chosen as `publish` chooses them.
+        A partition's stream that fails in a way worth retrying is opened again for the messages
+        not acked yet."""
         values = list(values)
         keys = [None] * len(values) if keys is None else keys
         headers = [None] * len(values) if headers is None else headers
         if not len(keys) == len(headers) == len(values):
             raise ValueError("keys and headers must have one item per value")
+        deadline = time.monotonic() + self.timeout
+        targets = await self._with_retries(
+            partial(self._target_partitions, stream, list(zip(keys, values)), partition, partitioner), deadline
+        )
         by_partition: dict[int, list[api_pb2.PublishRequest]] = {}
-        for index, (value, key, header) in enumerate(zip(values, keys, headers)):
-            target = await self._target_partition(stream, key, value, partition, partitioner)
-            by_partition.setdefault(target, []).append(
-                _publish_request(stream, value, key, header, target, ack_policy, str(index))
-            )
-        batches = await asyncio.gather(*(
-            self._publish_batch(stream, target, requests) for target, requests in by_partition.items()
+        for index, (value, key, header, target) in enumerate(zip(values, keys, headers, targets)):
+            by_partition.setdefault(target, []).append(_publish_request(
+                stream, value, key, self._with_message_id(header, idempotent), target, ack_policy, str(index)
+            ))
+        acked: dict[str, Ack] = {}
+        await asyncio.gather(*(
+            self._with_retries(partial(self._publish_batch, stream, target, requests, acked), deadline)
+            for target, requests in by_partition.items()
         ))
-        acks = {int(ack.correlation_id): ack for batch in batches for ack in batch}
-        return [acks[i] for i in range(len(acks))]
+        return [acked[str(index)] for index in range(len(acked))]
 
-    async def _publish_batch(self, stream: str, partition: int, requests: list[api_pb2.PublishRequest]) -> list[Ack]:
+    async def _publish_batch(
+        self, stream: str, partition: int, requests: list[api_pb2.PublishRequest], acked: dict[str, Ack],
+    ) -> None:
+        """The requests not in ``acked`` yet (by correlation id), through one PublishAsync stream;
+        their acks go into ``acked`` as they come."""
+        unacked = [request for request in requests if request.correlationId not in acked]
         stub = await self._leader_stub(stream, partition)
         if requests[0].ackPolicy == api_pb2.AckPolicy.NONE:
-            async for _ in stub.PublishAsync(iter(requests)):
+            async for _ in stub.PublishAsync(iter(unacked)):
                 pass
-            return []
-        acks: list[Ack] = []
-        async for response in stub.PublishAsync(iter(requests), timeout=self.timeout + len(requests) / 1000):
+            return
+        remaining = len(unacked)
+        async for response in stub.PublishAsync(iter(unacked), timeout=self.timeout + len(unacked) / 1000):
             if response.HasField("asyncError"):
                 message = response.asyncError.message
                 # bascule marks transient failures so ("unavailable: ..."): PublishAsync has no such code.
                 code = grpc.StatusCode.UNAVAILABLE if message.startswith("unavailable:") else grpc.StatusCode.UNKNOWN
                 raise BasculeError(code, message)
-            acks.append(ack_from(response.ack, partition))
-            if len(acks) == len(requests):
+            acked[response.ack.correlationId] = ack_from(response.ack, partition)
+            remaining -= 1
+            if not remaining:
                 break
-        return acks
 
-    @_rpc_errors
     async def publish_to_subject(
         self,
         subject: str,
@@ -333,13 +376,19 @@ class Client:
         ack_policy: str = "leader",
         correlation_id: str = "",
         ack_inbox: str = "",
+        idempotent: bool | None = None,
     ) -> Ack | None:
         """Publish to a NATS subject: every stream capturing it stores the message (perhaps none).
-        Returns the first ack (None with ack policy "none"); its ``partition`` is None."""
+        Returns the first ack (None with ack policy "none"); its ``partition`` is None. The message's
+        id, as `publish` gives it, lets each partition that captures it store it once."""
+        deadline = time.monotonic() + self.timeout
         request = api_pb2.PublishToSubjectRequest(
-            subject=subject, value=value, key=key or b"", headers=dict(headers or {}), ackInbox=ack_inbox,
-            correlationId=correlation_id, ackPolicy=ACK_POLICIES[ack_policy],
+            subject=subject, value=value, key=key or b"", headers=self._with_message_id(headers, idempotent),
+            ackInbox=ack_inbox, correlationId=correlation_id, ackPolicy=ACK_POLICIES[ack_policy],
         )
+        return await self._with_retries(partial(self._send_to_subject, request), deadline)
+
+    async def _send_to_subject(self, request: api_pb2.PublishToSubjectRequest) -> Ack | None:
         response = await self._stub().PublishToSubject(request, timeout=self.timeout)
         return ack_from(response.ack, None) if response.HasField("ack") else None
 
