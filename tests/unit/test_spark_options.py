@@ -151,7 +151,8 @@ def test_streaming_and_write_options():
     s = parse_read_options({"brokers": "a:1", "stream": "s", "startingOffsets": '{"s": {"0": -1}}'}, streaming=True)
     assert dict(s.starting.offsets) == {"s": {0: LATEST}}
     w = parse_write_options({"brokers": "a:1", "stream": "s", "ackPolicy": "LEADER"})
-    assert (w.ack_policy, w.partitioner, w.write_batch_size) == ("leader", "key", 1000)
+    assert (w.ack_policy, w.partitioner, w.write_batch_size, w.message_ids) == ("leader", "key", 1000, True)
+    assert not parse_write_options({"brokers": "a:1", "stream": "s", "messageIds": "FALSE"}).message_ids
     assert parse_write_options({"brokers": "a:1", "checkpointLocation": "/c", "queryName": "q"}).stream is None
 
 
@@ -161,6 +162,7 @@ def test_streaming_and_write_options():
         ({"brokers": "a:1", "ackPolicy": "most"}, "ackPolicy must be one of all, leader, none"),
         ({"brokers": "a:1", "partitioner": "random"}, "partitioner must be one of key, roundrobin"),
         ({"brokers": "a:1", "writeBatchSize": "0"}, "writeBatchSize must be >= 1"),
+        ({"brokers": "a:1", "messageIds": "no"}, "messageIds must be 'true' or 'false'"),
         ({"brokers": "a:1", "requestTimeoutMs": "1s"}, "requestTimeoutMs must be an integer"),
         ({"brokers": "a:1", "stream": "a,b"}, "'stream' names several"),
         ({"brokers": "a:1", "ackPolicies": "all"}, "unknown option 'ackpolicies'; did you mean 'ackPolicy'"),

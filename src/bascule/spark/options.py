@@ -36,7 +36,7 @@ READ_OPTIONS = {
 STREAMING_ONLY = {
     "maxmessagespertrigger", "maxoffsetspertrigger", "minmessagespertrigger", "minoffsetspertrigger", "maxtriggerdelay",
 }
-WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "requesttimeoutms",
+WRITE_OPTIONS = {"brokers", "stream", "ackpolicy", "partitioner", "writebatchsize", "messageids", "requesttimeoutms",
                  "tlsca", "tlscert", "tlskey"}
 # Spark's own options, which reach a streaming sink along with the user's.
 SPARK_OPTIONS = {"checkpointlocation", "queryname"}
@@ -48,7 +48,7 @@ CANONICAL = {
         "endingOffsetsByTimestamp maxMessagesPerTrigger maxOffsetsPerTrigger minMessagesPerTrigger "
         "minOffsetsPerTrigger maxTriggerDelay minPartitions maxRecordsPerPartition failOnDataLoss "
         "readISRReplica pollTimeoutMs requestTimeoutMs maxBatchRows includeHeaders ackPolicy partitioner "
-        "writeBatchSize tlsCa tlsCert tlsKey"
+        "writeBatchSize messageIds tlsCa tlsCert tlsKey"
     ).split()
 }
 # Options of Spark's Kafka source and sink that mean nothing to bascule, and what to do instead.
@@ -472,6 +472,7 @@ class WriteOptions:
     ack_policy: str = "all"
     partitioner: str = "key"
     write_batch_size: int = 1000
+    message_ids: bool = True  # each row's id, so that a retry's copy is stored once (`ids`)
     request_timeout_ms: int = 30_000
     tls: TlsFiles | None = None
 
@@ -492,6 +493,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         ack_policy=_choice(options, "ackpolicy", ACK_POLICY_NAMES, "all"),
         partitioner=_choice(options, "partitioner", PARTITIONERS, "key"),
         write_batch_size=_int(options, "writebatchsize", 1000, 1),
+        message_ids=_bool(options, "messageids", True),
         request_timeout_ms=_int(options, "requesttimeoutms", 30_000, 1),
         tls=_tls(options),
     )

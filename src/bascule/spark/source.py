@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -32,6 +33,14 @@ from bascule.spark import lookups, reading, writing
 from bascule.spark.arrow import SinkColumns, row_chunks
 from bascule.spark.connections import run_with_client
 from bascule.spark.errors import BasculeSparkError
+from bascule.spark.ids import (
+    BATCH_ID_PROPERTY,
+    QUERY_ID_PROPERTY,
+    RowIds,
+    batch_write_prefix,
+    new_write_id,
+    streaming_prefix,
+)
 from bascule.spark.options import (
     ReadOptions,
     WriteOptions,
@@ -287,15 +296,31 @@ class _Writer:
     columns: SinkColumns
 
     def _write_batches(self, batches: Iterator[Any]) -> BasculeCommitMessage:
-        published = writing.publish(self.options, self.columns, batches)
+        row_ids = RowIds(self._id_prefix(_running_task())) if self.options.message_ids else None
+        published = writing.publish(self.options, self.columns, batches, row_ids)
         return BasculeCommitMessage({k: (r.count, r.first_offset, r.last_offset) for k, r in published.items()})
+
+    def _id_prefix(self, task: TaskContext) -> str:
+        """What the message ids of this task's rows start with (`ids`)."""
+        raise NotImplementedError
+
+
+def _running_task() -> TaskContext:
+    task = TaskContext.get()
+    if task is None:
+        raise BasculeSparkError("the bascule sink's writers write in Spark's tasks only")
+    return task
 
 
 class BasculeWriter(_Writer, DataSourceArrowWriter):
-    """Batch sink: `df.write.format("bascule").mode("append")`; at least once."""
+    """Batch sink: `df.write.format("bascule").mode("append")`."""
 
     def __init__(self, options: WriteOptions, columns: SinkColumns) -> None:
         self.options, self.columns = options, columns
+        self.write_id = new_write_id()  # on the driver, once per write: every task attempt has it
+
+    def _id_prefix(self, task: TaskContext) -> str:
+        return batch_write_prefix(self.write_id, task.partitionId())
 
     def write(self, iterator: Iterator[Any]) -> BasculeCommitMessage:
         return self._write_batches(iterator)
@@ -310,11 +335,20 @@ class BasculeWriter(_Writer, DataSourceArrowWriter):
 
 
 class BasculeStreamWriter(_Writer, _StreamWriterBase):
-    """Streaming sink: `df.writeStream.format("bascule")`; at least once (a retried micro-batch
-    publishes its rows again)."""
+    """Streaming sink: `df.writeStream.format("bascule")`."""
 
     def __init__(self, options: WriteOptions, columns: SinkColumns) -> None:
         self.options, self.columns = options, columns
+
+    def _id_prefix(self, task: TaskContext) -> str:
+        # write() is not told its micro-batch: Spark sets it, and the query's id, on the batch's tasks.
+        query_id, batch_id = task.getLocalProperty(QUERY_ID_PROPERTY), task.getLocalProperty(BATCH_ID_PROPERTY)
+        if query_id is None or batch_id is None:
+            raise BasculeSparkError(
+                f"this Spark sets no {QUERY_ID_PROPERTY} and {BATCH_ID_PROPERTY} on a micro-batch's tasks, which "
+                "the sink's message ids are made of: write with the option messageIds 'false' (at least once)"
+            )
+        return streaming_prefix(query_id, batch_id, task.partitionId())
 
     def write(self, iterator: Iterator[Any]) -> BasculeCommitMessage:
         if _STREAM_WRITER_TAKES_ARROW:

@@ -1,6 +1,7 @@
 """Publishing the rows of one Spark task: PublishAsync in pipelined batches, in row order per
-partition and partitions in parallel; a batch is sent again after a leader change (at least once),
-and the acks are counted."""
+partition and partitions in parallel; a batch is sent again after a leader change, and the acks are
+counted. With message ids (`ids`), every row carries one that another attempt at it repeats, so that
+the partitions' leaders store it once."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from bascule.client import Ack, BasculeError, Client
 from bascule.spark.arrow import OutgoingMessages, SinkColumns, outgoing
 from bascule.spark.connections import connect, run
 from bascule.spark.errors import BasculeSparkError
+from bascule.spark.ids import RowIds
 from bascule.spark.options import WriteOptions
 from bascule.spark.partitioning import Partitioner
 from bascule.spark.retry import PUBLISH_RETRY, retried
+from bascule.wire.dedup import message_id
 
 
 @dataclass
@@ -40,13 +43,14 @@ class PublishedRange:
 Published = dict[tuple[str, int], PublishedRange]  # by (stream, partition)
 
 
-def publish(options: WriteOptions, columns: SinkColumns, batches: Iterable[Any]) -> Published:
-    """Every row of `batches` (see `arrow.outgoing`) published, on a fresh event loop and client."""
+def publish(options: WriteOptions, columns: SinkColumns, batches: Iterable[Any], row_ids: RowIds | None) -> Published:
+    """Every row of `batches` (see `arrow.outgoing`) published, on a fresh event loop and client,
+    with the ids `row_ids` numbers them with (None: the sink gives no ids)."""
 
     async def connected() -> Published:
         client = await connect(options.brokers, options.request_timeout, options.tls)
         try:
-            publisher = Publisher(client, options.ack_policy, options.write_batch_size, options.partitioner)
+            publisher = Publisher(client, options.ack_policy, options.write_batch_size, options.partitioner, row_ids)
             for messages in outgoing(batches, columns, options.stream):
                 await publisher.publish(messages)
             return publisher.published
@@ -59,12 +63,16 @@ def publish(options: WriteOptions, columns: SinkColumns, batches: Iterable[Any])
 class Publisher:
     """Publishes messages, in order per partition, through PublishAsync in pipelined batches."""
 
-    def __init__(self, client: Client, ack_policy: str, batch_size: int, partitioner: str) -> None:
+    def __init__(
+        self, client: Client, ack_policy: str, batch_size: int, partitioner: str, row_ids: RowIds | None = None
+    ) -> None:
         self.client = client
         self.ack_policy = ack_policy
         self.batch_size = batch_size
-        # A random start per task: see Partitioner.
-        self.partitioner = Partitioner(partitioner, first=random.randrange(1 << 16))
+        self.row_ids = row_ids
+        # A start of its own per task (see Partitioner): the same on every attempt when rows have ids.
+        first = row_ids.round_robin_start if row_ids is not None else random.randrange(1 << 16)
+        self.partitioner = Partitioner(partitioner, first=first)
         self.partition_counts: dict[str, int] = {}
         self.published: Published = {}
 
@@ -79,7 +87,10 @@ class Publisher:
 
     async def publish(self, messages: OutgoingMessages) -> None:
         counts = {stream: await self.partition_count(stream) for stream in dict.fromkeys(messages.streams)}
-        groups = self.partitioner.group(messages.streams, messages.partitions, messages.keys, counts)
+        own_ids = [None if headers is None else message_id(headers) for headers in messages.headers]
+        groups = self.partitioner.group(messages.streams, messages.partitions, messages.keys, own_ids, counts)
+        if self.row_ids is not None:
+            messages = self.row_ids.numbered(messages)
         await asyncio.gather(
             *(self._publish_partition(s, p, rows, messages) for (s, p), rows in groups.items())
         )
