@@ -38,10 +38,12 @@ from bascule.simulation.metadata import MetadataLog
 from bascule.testing import virtual_time
 from bascule.testing.bus import Faults, MemoryBus
 from bascule.wire import capture
+from bascule.wire.dedup import MESSAGE_ID_HEADER
 from bascule.wire.entry import Record
 from bascule.wire.subjects import Subjects
 
 HOST = "127.0.0.1"
+WRITE_TIMEOUT = 5.0  # virtual seconds the writer waits for an ack before it tries the write again
 STREAM = "sim"
 TRACE_LINES = 400
 CHECK_EVERY = 0.02
@@ -233,6 +235,7 @@ class SimCluster:
             for node_id in node_ids
         }
         self._sequence = 0
+        self._unacked: deque[tuple[int, bytes]] = deque()  # (partition, value) of writes to try again
 
     @property
     def now(self) -> float:
@@ -283,16 +286,21 @@ class SimCluster:
 
     def write(
         self, partition: int, value: bytes, replica: PartitionReplica | None = None,
-        outcome: asyncio.Future[int | None] | None = None,
+        outcome: asyncio.Future[int | None] | None = None, message_id: bytes | None = None,
     ) -> bool:
         """Publish ``value`` with ack policy ALL to ``replica`` (the partition's leader by default), as
-        the API does; its ack is recorded for the invariants, and ``outcome`` gets the offset acked (None:
-        the write failed). False when there was no leader to take it."""
+        the API does, with ``message_id`` as its Nats-Msg-Id if given; its ack is recorded for the
+        invariants, and ``outcome`` gets the offset acked (None: the write failed). False when there was
+        no leader to take it."""
         replica = replica or self.leading_replica(partition)
         if replica is None:
             return False
+        record = Record(value, headers={} if message_id is None else {MESSAGE_ID_HEADER: message_id})
+        if message_id is not None:
+            self.invariants.with_ids.add(value)
         try:
-            replica.submit([Record(value)], self._written(replica, replica.leader, value, outcome), 0.0005)
+            replica.submit([record], self._written(replica, replica.leader, value, outcome), 0.0005,
+                           ids=None if message_id is None else [message_id])
         except Exception:  # NotLeader, a failed or closed replica: the publisher retries elsewhere
             return False
         return True
@@ -334,11 +342,32 @@ class SimCluster:
         return written
 
     async def keep_writing(self, every: tuple[float, float] = (0.002, 0.03)) -> None:
-        """Unique values, one at a time, to a random partition's leader, forever."""
+        """Unique values, one at a time, to a random partition's leader, forever, each with itself as
+        its message id; every other write retries one that failed or went unacked for WRITE_TIMEOUT,
+        as an idempotent client does: each value must be stored once (``Invariants.final``)."""
+        loop = asyncio.get_running_loop()
+        retry = False
         while True:
             await asyncio.sleep(self.random.uniform(*every))
-            self._sequence += 1
-            self.write(self.random.randrange(self.partitions), b"v%d" % self._sequence)
+            retry = not retry
+            if retry and self._unacked:
+                partition, value = self._unacked.popleft()
+            else:
+                self._sequence += 1
+                partition, value = self.random.randrange(self.partitions), b"v%d" % self._sequence
+            outcome: asyncio.Future[int | None] = loop.create_future()
+            if not self.write(partition, value, outcome=outcome, message_id=value):
+                self._unacked.append((partition, value))
+                continue
+            timeout = loop.call_later(WRITE_TIMEOUT, outcome.cancel)
+            outcome.add_done_callback(partial(self._retry_unless_acked, partition, value, timeout))
+
+    def _retry_unless_acked(
+        self, partition: int, value: bytes, timeout: asyncio.TimerHandle, outcome: asyncio.Future[int | None],
+    ) -> None:
+        timeout.cancel()
+        if outcome.cancelled() or outcome.result() is None:
+            self._unacked.append((partition, value))
 
     async def until(self, what: str, predicate: Callable[[], object], timeout: float = 30.0) -> None:
         """Until ``predicate()`` holds (checked every 10 ms of virtual time); Violation after ``timeout``."""

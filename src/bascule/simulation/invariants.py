@@ -5,6 +5,8 @@
 - One value per offset below the HW, on every replica, for the whole run.
 - A leader's HW never goes down while it leads one leader epoch.
 - At most one leadership acknowledges each offset.
+- A value written with a message id (the writer retries failed writes with the same one) is stored
+  once: deduplication holds across leader changes and every fault.
 
 An entry may be lost without breaking these only to power cuts: when every copy of it in the ISR was
 lost to one (its holders lost power before they synced it; ``forget_lost``), it is exempt, and the
@@ -13,6 +15,7 @@ offset may take another value. (Without fsync, an ack means the entry is in the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -41,10 +44,13 @@ class Invariants:
         self.exempt_acks = 0  # acks among them
         self._checked_to: dict[tuple[str, Key], int] = {}  # per replica incarnation: checked below this
         self._leader_hw: dict[tuple[str, Key], tuple[int, int]] = {}  # (leader epoch, HW) per replica
+        self.with_ids: set[bytes] = set()  # values written with a message id (themselves): stored once
 
     def ack(self, key: Key, offset: int, value: bytes, node: str, leader_epoch: int) -> None:
         acks = self.acked.setdefault(key, {})
         earlier = acks.get(offset)
+        if earlier is not None and earlier.value == value:
+            return  # a retry with the same message id, acked with its first copy's offset
         if earlier is not None:
             raise Violation(f"{_name(key)} offset {offset} acked twice: by {earlier.node} in leader epoch "
                             f"{earlier.leader_epoch} ({earlier.value!r}) and by {node} in {leader_epoch} ({value!r})")
@@ -116,6 +122,12 @@ class Invariants:
             if theirs != held:
                 differ = sorted(o for o in held.keys() | theirs.keys() if held.get(o) != theirs.get(o))
                 raise Violation(f"{_name(key)}: {name}'s log differs from the leader's at offsets {differ[:10]}")
+        copies = Counter(value for value in held.values() if value in self.with_ids)
+        twice = sorted(value for value, count in copies.items() if count > 1)
+        if twice:
+            offsets = sorted(offset for offset, value in held.items() if value == twice[0])
+            raise Violation(f"{_name(key)}: {len(twice)} values written with message ids are stored more than once, "
+                            f"{twice[0]!r} at offsets {offsets}")
         for offset, ack in sorted(acks.items()):
             if held.get(offset) != ack.value:
                 found = "nothing" if offset not in held else repr(held[offset])
