@@ -139,11 +139,12 @@ async def run_node(setup: NodeSetup, arguments: list[str], cpu_pids: list[int | 
 
 
 async def raw_publish(address: str, stream: str, count: int, window: int, size: int, ack_policy: str,
-                      cpu_pids: list[int | None], timeout: float) -> dict[str, Any]:
+                      cpu_pids: list[int | None], timeout: float, ids: bool = False) -> dict[str, Any]:
     """benchmarks/raw_publish.py: PublishAsync from a client that writes a window of requests at once
-    (the servers' cost, not grpc-js's); its figures and ``server_cpu_us_per_msg``."""
+    (the servers' cost, not grpc-js's), with a message id on each if ``ids``; its figures and
+    ``server_cpu_us_per_msg``."""
     arguments = [sys.executable, str(REPO_ROOT / "benchmarks" / "raw_publish.py"), address, stream, str(count),
-                 str(window), str(size), ack_policy]
+                 str(window), str(size), ack_policy, *(["ids"] if ids else [])]
     result = await run_client(arguments, cpu_pids, timeout, REPO_ROOT)
     if result.get("errors") or result.get("messages") != count:
         raise BenchError(f"raw publish: {result.get('messages')} of {count} acked, {result.get('errors')} failed")

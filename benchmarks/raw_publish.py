@@ -5,7 +5,10 @@ on this 2-core machine caps it near the servers' rate; grpc.aio is slower still.
 each window's worth of requests in one socket write (as a Go or Java client under load does), so the
 servers' cost shows. One call, ``window`` requests in flight, correlation ids as indices.
 
-    python benchmarks/raw_publish.py HOST:PORT STREAM COUNT WINDOW SIZE ACK_POLICY
+    python benchmarks/raw_publish.py HOST:PORT STREAM COUNT WINDOW SIZE ACK_POLICY [ids]
+
+With ``ids``, each request carries a Nats-Msg-Id as bascule's client makes them (16 random bytes,
+base64url), so the partition leader deduplicates: what idempotent publishing costs the server.
 
 With BENCH_GO=1 it connects, says READY on stderr and waits for GO on stdin (node_client's protocol);
 its result is one JSON line: messages, seconds, rate, p50_ms, p99_ms, client_cpu_us_per_msg, errors.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import struct
 import sys
 import time
@@ -23,6 +27,7 @@ import time
 import hpack
 
 from bascule.h2grpc.messages import MessageReader, frame
+from bascule.wire.dedup import MESSAGE_ID_HEADER
 from bascule.wire.pb import api_pb2
 
 _FRAME = struct.Struct(">BHBBI")
@@ -37,7 +42,8 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return _FRAME.pack(len(payload) >> 16, len(payload) & 0xFFFF, kind, flags, stream) + payload
 
 
-async def publish(address: str, stream: str, count: int, window: int, size: int, policy: str) -> dict:
+async def publish(address: str, stream: str, count: int, window: int, size: int, policy: str,
+                  ids: bool = False) -> dict:
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(PREFACE + _frame(SETTINGS, 0, 0, struct.pack(">HI", 4, WINDOW))
@@ -49,9 +55,10 @@ async def publish(address: str, stream: str, count: int, window: int, size: int,
     writer.write(_frame(HEADERS, 0x4, STREAM, headers))
     value = b"x" * size
     ack_policy = api_pb2.AckPolicy.Value(policy)
-    requests = [frame([api_pb2.PublishRequest(stream=stream, value=value, ackPolicy=ack_policy,
-                                              correlationId=str(i)).SerializeToString()])
-                for i in range(count)]
+    requests = [frame([api_pb2.PublishRequest(
+        stream=stream, value=value, ackPolicy=ack_policy, correlationId=str(i),
+        headers={MESSAGE_ID_HEADER: secrets.token_urlsafe(16).encode()} if ids else {},
+    ).SerializeToString()]) for i in range(count)]
     sent_at = [0.0] * count
     latencies: list[float] = []
     errors = 0
@@ -154,7 +161,7 @@ async def publish(address: str, stream: str, count: int, window: int, size: int,
 
 def main() -> None:
     address, stream, count, window, size, policy = sys.argv[1:7]
-    result = asyncio.run(publish(address, stream, int(count), int(window), int(size), policy))
+    result = asyncio.run(publish(address, stream, int(count), int(window), int(size), policy, sys.argv[7:] == ["ids"]))
     print(json.dumps(result), flush=True)
 
 

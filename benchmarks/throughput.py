@@ -86,7 +86,9 @@ async def acked_scenario(ctx: Context, system: str, replicas: int, scenario: str
                          sync_always: bool = False, count: int | None = None,
                          variants: Sequence[str] = ("grpc", "nats"), grpc_floor: bool = False) -> list[dict[str, Any]]:
     """Pipelined ack-ALL publishes, `--window` in flight: bascule through each of `variants` (gRPC
-    PublishAsync from grpc.aio, envelopes over NATS, "node_grpc": PublishAsync from the Node client),
+    PublishAsync from grpc.aio, envelopes over NATS, "node_grpc": PublishAsync from the Node client,
+    "raw_grpc": from benchmarks/raw_publish.py, "raw_grpc_ids": the same with a message id on each
+    publish, which the partition leader deduplicates: what idempotence costs),
     JetStream through js.publish_async."""
     count = count or ctx.counts["acked"]
     if system == BASCULE:
@@ -117,15 +119,16 @@ async def _acked_bascule(ctx: Context, replicas: int, scenario: str, sync_always
                         "node_grpc_p99_ms": result["p99_ms"], "node_grpc_max_ms": result["max_ms"],
                         "node_grpc_cpu_us_per_msg": result["server_cpu_us_per_msg"],
                         "node_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
-            if variant == "raw_grpc":
+            if variant in ("raw_grpc", "raw_grpc_ids"):
                 async with maybe_profile(ctx, f"{scenario}-{variant}", sys_.node_pids(), profiled):
                     result = await node_client.raw_publish(
                         sys_.address_of(leader), stream, count, window, size, "ALL", sys_.server_pids(),
-                        timeout=ctx.args.stall_timeout + count / 100)
+                        timeout=ctx.args.stall_timeout + count / 100, ids=variant == "raw_grpc_ids")
                 await sys_.client().delete_stream(stream)
-                return {"raw_grpc_rate": result["rate"], "raw_grpc_p50_ms": result["p50_ms"],
-                        "raw_grpc_p99_ms": result["p99_ms"], "raw_grpc_cpu_us_per_msg": result["server_cpu_us_per_msg"],
-                        "raw_grpc_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
+                return {f"{variant}_rate": result["rate"], f"{variant}_p50_ms": result["p50_ms"],
+                        f"{variant}_p99_ms": result["p99_ms"],
+                        f"{variant}_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                        f"{variant}_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
             if variant == "grpc":
                 kind = "bascule_acked_grpc"
                 spec = {"address": sys_.address_of(leader), "stream": stream, "partition": 0}
@@ -176,7 +179,8 @@ async def _acked_jetstream(ctx: Context, replicas: int, scenario: str, sync_alwa
 
 
 async def run_acked_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
-    return await acked_scenario(ctx, system, 3, "acked_r3", variants=("grpc", "nats", "node_grpc", "raw_grpc"),
+    return await acked_scenario(ctx, system, 3, "acked_r3",
+                                variants=("grpc", "nats", "node_grpc", "raw_grpc", "raw_grpc_ids"),
                                 grpc_floor=True)
 
 

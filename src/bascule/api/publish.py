@@ -24,7 +24,7 @@ from bascule.metadata.state import MetadataState
 from bascule.partition.replica import NotLeader
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
-from bascule.wire.dedup import message_ids
+from bascule.wire.dedup import MESSAGE_ID_HEADER, headers_with_id, message_ids
 from bascule.wire.entry import Record
 from bascule.wire.forwarding import Unforwarded
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
@@ -296,11 +296,27 @@ class PublishRPCs:
 
 def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
-    if request.headers:
-        headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
-        return Record(value=request.value, key=request.key or None, headers=headers)
-    headers, block = capture.stored_headers(local.subject, "")  # shared, and encoded once
-    return Record(value=request.value, key=request.key or None, headers=headers, header_block=block)
+    own = request.headers
+    shared, block = capture.stored_headers(local.subject, "")  # shared, and encoded once
+    if not own:
+        return Record(value=request.value, key=request.key or None, headers=shared, header_block=block)
+    if len(own) == 1 and (message_id := own.get(MESSAGE_ID_HEADER)) is not None:
+        headers, block = headers_with_id(message_id, shared, block)
+        return Record(request.value, request.key or None, headers, 0, block)
+    headers = {**own, "subject": local.subject.encode(), "reply": b""}
+    return Record(value=request.value, key=request.key or None, headers=headers)
+
+
+def _plain_record(request: api_pb2.PublishRequest, lane: _Lane) -> Record | None:
+    """The record of a publish with no headers of its own but a message id, else None (the general
+    path checks them)."""
+    own = request.headers
+    if not own:
+        return Record(request.value, request.key or None, lane.headers, 0, lane.header_block)
+    if len(own) == 1 and (message_id := own.get(MESSAGE_ID_HEADER)) is not None and lane.header_block is not None:
+        headers, block = headers_with_id(message_id, lane.headers, lane.header_block)
+        return Record(request.value, request.key or None, headers, 0, block)
+    return None
 
 
 def _expected_offsets(local: LedPartition, requests: list[api_pb2.PublishRequest]) -> list[int] | None:
@@ -438,10 +454,9 @@ class _AsyncCall:
                     self.refuse(request, error)
                     continue
                 run.requests.append(request)
-            elif (not request.headers
-                  and (request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
-                  and request.ByteSize() <= limit):
-                run.records.append(Record(request.value, request.key or None, lane.headers, 0, lane.header_block))
+            elif ((request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
+                  and request.ByteSize() <= limit and (record := _plain_record(request, lane)) is not None):
+                run.records.append(record)
                 run.requests.append(request)
             else:
                 self.publish(request)

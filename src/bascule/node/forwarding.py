@@ -24,6 +24,7 @@ from bascule.partition.replica import NotLeader, PartitionClosed
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
 from bascule.wire.capture import BurstOutcome
+from bascule.wire.dedup import MESSAGE_ID_HEADER, headers_with_id
 from bascule.wire.entry import Record
 from bascule.wire.forwarding import (
     ErrorKind,
@@ -227,10 +228,16 @@ def _records(subject: str, batch: ForwardedBatch) -> list[Record]:
     Liftbridge records on every message, shared and encoded once when a publish has no others)."""
     shared, block = capture.stored_headers(subject, "")
     own = {"subject": subject.encode(), "reply": b""}
-    return [
-        Record(value, key or None, {**headers, **own}) if headers else Record(value, key or None, shared, 0, block)
-        for value, key, headers in zip(batch.values, batch.keys, batch.headers, strict=True)
-    ]
+    records = []
+    for value, key, headers in zip(batch.values, batch.keys, batch.headers, strict=True):
+        if not headers:
+            records.append(Record(value, key or None, shared, 0, block))
+        elif len(headers) == 1 and (message_id := headers.get(MESSAGE_ID_HEADER)) is not None:
+            with_id, with_id_block = headers_with_id(message_id, shared, block)
+            records.append(Record(value, key or None, with_id, 0, with_id_block))
+        else:
+            records.append(Record(value, key or None, {**headers, **own}))
+    return records
 
 
 _KINDS: list[tuple[type[BaseException], ErrorKind]] = [

@@ -14,6 +14,7 @@ Spark sink (which set it).
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping
 
 from bascule.wire.entry import Record
@@ -22,6 +23,12 @@ MESSAGE_ID_HEADER = "Nats-Msg-Id"
 # An id longer than this is remembered by its SHA-256: the window's memory per id stays bounded
 # whatever publishers send, and the same id always gives the same key.
 MAX_KEPT_ID_BYTES = 64
+_UINT16, _UINT32 = struct.Struct(">H"), struct.Struct(">I")
+_ID_NAME = _UINT16.pack(len(MESSAGE_ID_HEADER)) + MESSAGE_ID_HEADER.encode()
+# For each shared header block: what goes before and after a message's id in its encoding. The
+# blocks are capture.stored_headers' (one per subject, bounded alike).
+_AROUND_ID_CACHE_SIZE = 4096
+_around_id: dict[bytes, tuple[bytes, bytes]] = {}
 
 
 def message_id(headers: Mapping[str, bytes]) -> bytes | None:
@@ -34,6 +41,19 @@ def message_ids(records: list[Record]) -> list[bytes | None] | None:
     """The records' message ids, or None when none has one (the common case costs no more)."""
     ids = [message_id(record.headers) for record in records]
     return ids if any(ids) else None
+
+
+def headers_with_id(message_id: bytes, shared: Mapping[str, bytes], block: bytes) -> tuple[dict[str, bytes], bytes]:
+    """The headers of a message whose only own header is its id, beside ``shared`` (the subject and
+    reply ones every message gets, encoded as ``block``), and their encoding: ``block`` with the id
+    in front, without encoding the others again (a fifth of ``encode_headers``' time)."""
+    parts = _around_id.get(block)
+    if parts is None:
+        if len(_around_id) >= _AROUND_ID_CACHE_SIZE:
+            _around_id.clear()
+        parts = _around_id[block] = (_UINT16.pack(_UINT16.unpack_from(block)[0] + 1) + _ID_NAME, block[2:])
+    head, tail = parts
+    return {MESSAGE_ID_HEADER: message_id, **shared}, head + _UINT32.pack(len(message_id)) + message_id + tail
 
 
 def window_key(message_id: bytes) -> bytes:
