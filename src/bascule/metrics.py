@@ -165,6 +165,8 @@ _PARTITION_COUNTERS = {
     "leader_elections": "Leader changes of the partition since it was created (its leader epoch in the metadata).",
     "isr_shrinks": "Members the partition's ISR lost while this node led it, as the metadata applied it.",
     "isr_expands": "Members the partition's ISR gained while this node led it, as the metadata applied it.",
+    "duplicates": "Messages not stored again while this node led the partition: their Nats-Msg-Id was in its "
+                  "deduplication window.",
 }
 _READERS = ("subscriber", "follower")
 
@@ -205,6 +207,7 @@ def _partition_counts(replica: PartitionReplica, assigned: Partition) -> dict[st
         "leader_elections": assigned.leader_epoch,
         "isr_shrinks": replica.isr_shrinks,
         "isr_expands": replica.isr_expansions,
+        "duplicates": replica.duplicates,
     }
 
 

@@ -41,6 +41,7 @@ async def test_a_restarted_leader_rebuilds_its_window_from_the_log(tmp_path):
     replica = leader(CommitLog.open(tmp_path / "p"))
     assert await written(replica, [with_id(b"a", b"x"), with_id(b"b", None), with_id(b"c", b"y")]) == [0, 1, 2]
     assert await written(replica, [with_id(b"again", b"y")]) == [2]
+    assert replica.duplicates == 1  # the metrics' bascule_partition_duplicates_total
     replica.close()
     reopened = leader(CommitLog.open(tmp_path / "p"), epoch=1)
     try:

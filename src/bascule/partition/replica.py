@@ -159,6 +159,11 @@ class PartitionReplica:
         return self.leadership is not None
 
     @property
+    def duplicates(self) -> int:
+        """Messages this replica did not store again as leader: copies within the deduplication window."""
+        return self._leader.duplicates
+
+    @property
     def acks_held(self) -> int:
         """Writes stored as leader whose acks wait for the lease (see ``Leadership.holds_lease``)."""
         return self._leader.acks_held

@@ -281,6 +281,7 @@ class Leader(Generic[T]):
         # An Append without copies: its records, and the ids of those that have one, by record.
         self._appending_records: list[Record] = []
         self._new_ids: dict[int, bytes] = {}
+        self.duplicates = 0  # records not written again: their ids were written before
         self._sync_due = False  # records written since the last fsync began (with tokens or not)
         self._syncing = False
         self._failed = False
@@ -513,6 +514,7 @@ class Leader(Generic[T]):
         expected offsets) and appended; a group's placement names each of its records' offsets,
         and a group that holds a duplicate of a refused record is refused alike."""
         groups, firsts_of_ids = _deduplicated_groups(self._window, records, ids, starts, tokens, expecting)
+        self.duplicates += sum(len(group.places) - len(group.new) for group in groups)
         refusals = self._refusals(groups)
         appending: list[Record] = []
         firsts: dict[int, int] = {}
