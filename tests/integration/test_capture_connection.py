@@ -1,5 +1,5 @@
-"""The capture connection against a real nats-server: delivery, queue groups, reconnect, one
-socket at a time, and half-open connections found by PING."""
+"""The capture connection against a real nats-server: delivery, message ids from NATS headers,
+queue groups, reconnect, one socket at a time, and half-open connections found by PING."""
 
 import asyncio
 import collections
@@ -53,6 +53,34 @@ async def test_delivers_payloads_subjects_replies_and_survives_a_server_restart(
         assert got and got[0] == ("cap.after", "", b"again")
         await nc.close()
     finally:
+        await capture.close()
+        await server.stop()
+
+
+async def test_delivers_the_message_id_of_nats_headers_with_the_message(tmp_path):
+    server = EmbeddedNats(port=0, log_dir=tmp_path)
+    await server.start()
+    capture = CaptureConnection([server.url], "test-capture")
+    nc = None
+    try:
+        await capture.connect()
+        got = []
+        capture.subscribe("ids.>", "", got.extend)
+        await capture.flush()
+        nc = await nats.connect(server.url)
+        await nc.publish("ids.a", b"with id", headers={"Nats-Msg-Id": "a"})
+        await nc.publish("ids.b", b"id among others", reply="inbox.2",
+                         headers={"X-Trace": "t", "Nats-Msg-Id": " b-2 ", "Z": "z"})
+        await nc.publish("ids.c", b"other headers", headers={"X": "1"})
+        await nc.publish("ids.d", b"case differs", headers={"nats-msg-id": "d"})
+        await nc.publish("ids.e", b"plain")
+        await nc.flush()
+        await wait_for(lambda: len(got) == 5)
+        assert got == [("ids.a", "", b"with id", b"a"), ("ids.b", "inbox.2", b"id among others", b"b-2"),
+                       ("ids.c", "", b"other headers"), ("ids.d", "", b"case differs"), ("ids.e", "", b"plain")]
+    finally:
+        if nc is not None:
+            await nc.close()
         await capture.close()
         await server.stop()
 

@@ -10,9 +10,13 @@ from bascule.wire.capture import (
     AckRequest,
     ack_message,
     capture_batch,
+    capture_batch_python,
     encode_acks,
     record_from_nats,
+    stored_headers,
 )
+from bascule.wire.dedup import MESSAGE_ID_HEADER
+from bascule.wire.entry import decode_entries, encode_entries
 from bascule.wire.pb import api_pb2
 
 
@@ -87,6 +91,47 @@ def test_capture_batch_pairs_each_ack_with_its_record():
     assert [(i, a.inbox, a.policy) for i, a in batch.acks] == [(1, "in.a", ALL), (3, "in.c", LEADER)]
     assert batch.records[2].headers == {"subject": b"s", "reply": b"r"}
     assert batch.records[3].headers == {"subject": b"s", "reply": b""}
+
+
+both_loops = pytest.mark.parametrize("capture", [capture_batch, capture_batch_python], ids=["built", "python"])
+
+
+@both_loops
+def test_a_batch_without_ids_has_none_and_its_records_share_the_subjects_headers(capture):
+    own_headers = _publish(value=b"3", headers={"h": b"v"})
+    batch = capture([("s", "", b"1"), ("s", "", _publish(value=b"2")), ("s", "", own_headers)])
+    shared, block = stored_headers("s", "")
+    assert batch.ids is None
+    assert all(record.headers is shared and record.header_block is block for record in batch.records[:2])
+
+
+@both_loops
+def test_a_plain_message_id_is_stored_as_a_header_and_listed_in_the_batch(capture):
+    batch = capture([("s", "r", b"1"), ("s", "r", b"2", b"id-2"), ("s", "r", b"3", b"")])  # an empty id is none
+    assert batch.ids == [None, b"id-2", None]
+    assert batch.records[1].headers == {MESSAGE_ID_HEADER: b"id-2", "subject": b"s", "reply": b"r"}
+    assert batch.records[2].headers is stored_headers("s", "r")[0]
+    stored = decode_entries(encode_entries(0, 1, batch.records, 1)[0])  # what the log keeps, and a new leader reads
+    assert [entry.headers.get(MESSAGE_ID_HEADER) for entry in stored] == [None, b"id-2", None]
+    assert stored[1].headers == batch.records[1].headers
+
+
+@both_loops
+def test_an_envelope_keeps_its_own_id_which_wins_over_the_nats_one(capture):
+    own = _publish(value=b"a", headers={MESSAGE_ID_HEADER: b"own", "h": b"v"})
+    empty_own = _publish(value=b"b", headers={MESSAGE_ID_HEADER: b""})
+    batch = capture([("s", "", own), ("s", "", own, b"nats"), ("s", "", _publish(value=b"c"), b"nats"),
+                     ("s", "", empty_own, b"nats"), ("s", "", empty_own)])
+    assert batch.ids == [b"own", b"own", b"nats", b"nats", None]
+    assert batch.records[1].headers == {MESSAGE_ID_HEADER: b"own", "h": b"v", "subject": b"s", "reply": b""}
+    assert batch.records[2].headers == {MESSAGE_ID_HEADER: b"nats", "subject": b"s", "reply": b""}
+
+
+@both_loops
+def test_a_malformed_envelope_stored_as_a_plain_value_keeps_its_nats_id(capture):
+    torn = _publish(value=b"x" * 50, ackInbox="in", ackPolicy=ALL)[:-10]
+    batch = capture([("s", "", torn, b"id")])
+    assert batch.records[0].value == torn and batch.ids == [b"id"] and batch.acks == []
 
 
 _names = st.text(st.characters(codec="utf-8", exclude_characters=" "), min_size=1, max_size=30)

@@ -1,5 +1,5 @@
-"""The capture connection fed bytes directly: the bulk MSG/HMSG parser, PING/PONG pairing, and
-the names it refuses to put on a protocol line."""
+"""The capture connection fed bytes directly: the bulk MSG/HMSG parser, message ids from HMSG
+header blocks, PING/PONG pairing, and the names it refuses to put on a protocol line."""
 
 import asyncio
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bascule.natsio import capture
-from bascule.natsio.capture import MAX_CONTROL_LINE, CaptureConnection, _Link
+from bascule.natsio.capture import MAX_CONTROL_LINE, CaptureConnection, _Link, header_message_id
 
 LOOP = asyncio.new_event_loop()  # only to make futures; never run
 
@@ -113,6 +113,64 @@ def test_a_frame_larger_than_any_server_sends_aborts_the_connection():
     assert transport.aborted and got == [] and link._needed == 0
 
 
+HEADER_BLOCKS = [  # (header block, the message id it carries)
+    (b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n", b"a"),
+    (b"NATS/1.0\r\nNats-Msg-Id:abc\r\n\r\n", b"abc"),
+    (b"NATS/1.0 503\r\nNats-Msg-Id: a\r\n\r\n", b"a"),
+    (b"NATS/1.0\r\nNats-Msg-Id: \t a b \t\r\n\r\n", b"a b"),
+    (b"NATS/1.0\r\nA: b\r\nNats-Msg-Id: x\r\nC: d\r\n\r\n", b"x"),
+    (b"NATS/1.0\r\nNats-Msg-Id: first\r\nNats-Msg-Id: second\r\n\r\n", b"first"),
+    (b"NATS/1.0\r\nno colon here\r\nNats-Msg-Id: a\r\n\r\n", b"a"),
+    (b"NATS/1.0\r\nNats-Msg-Id: a\r\n", b"a"),  # no blank line to end the block
+    (b"NATS/1.0\r\nNats-Msg-Id: a:b\rc\nd\r\n\r\n", b"a:b\rc\nd"),
+    (b"NATS/1.0\r\n\r\n", None),
+    (b"NATS/1.0\r\nA: b\r\n\r\n", None),
+    (b"NATS/1.0\r\nnats-msg-id: a\r\n\r\n", None),  # JetStream's match is case-sensitive
+    (b"NATS/1.0\r\nNats-Msg-Id : a\r\n\r\n", None),
+    (b"NATS/1.0\r\nNats-Msg-Id-X: a\r\n\r\n", None),
+    (b"NATS/1.0\r\nX-Nats-Msg-Id: a\r\n\r\n", None),
+    (b"NATS/1.0\r\nNats-Msg-Id a\r\n\r\n", None),  # the id's line without a colon
+    (b"NATS/1.0\r\nNats-Msg-Id:\r\n\r\n", None),
+    (b"NATS/1.0\r\nNats-Msg-Id: \t \r\n\r\n", None),
+    (b"NATS/1.0\r\nNats-Msg-Id: a", None),  # the line not ended within the block
+    (b"NATS/1.0\r\nNats-Msg-Id: a\r", None),
+    (b"NATS/1.0 Nats-Msg-Id: a\r\n\r\n", None),
+    (b"HTTP/1.1\r\nNats-Msg-Id: a\r\n\r\n", None),
+    (b"\r\nNats-Msg-Id: a\r\n\r\n", None),
+    (b"garbage", None),
+]
+
+
+@pytest.mark.parametrize(("block", "expected"), HEADER_BLOCKS)
+def test_the_message_id_of_a_header_block(block, expected):
+    assert header_message_id(block, 0, len(block)) == expected
+    before = b"NATS/1.0\r\nNats-Msg-Id: outside\r\n"  # only buffer[start:end] counts
+    buffer = before + block + b"Nats-Msg-Id: z\r\n"
+    assert header_message_id(buffer, len(before), len(before) + len(block)) == expected
+
+
+@pytest.mark.parametrize(("block", "expected"), HEADER_BLOCKS)
+def test_an_hmsg_delivers_its_payload_whatever_its_header_block_and_its_id_when_it_has_one(block, expected):
+    data = frame(1, b"s.a", b"r.1", block, b"body") + frame(1, b"s.b", b"", b"", b"plain")
+    id_part = () if expected is None else (expected,)
+    assert fed(capture.parse_frames, [data]) == ([("s.a", "r.1", b"body", *id_part), ("s.b", "", b"plain")], False)
+
+
+def test_an_hmsg_with_an_id_is_delivered_with_it_split_at_every_byte():
+    link, _, got, sid = connection()
+    block = b"NATS/1.0\r\nA: b\r\nNats-Msg-Id: id-1\r\n\r\n"
+    data = frame(sid, b"s.a", b"", block, b"one") + frame(sid, b"s.a", b"", block.replace(b"-1", b"-2"), b"two")
+    for i in range(len(data)):
+        link.data_received(data[i:i + 1])
+    assert got == [("s.a", "", b"one", b"id-1"), ("s.a", "", b"two", b"id-2")]
+
+
+def test_a_header_block_claiming_more_than_its_message_still_aborts_the_connection():
+    link, transport, got, sid = connection()
+    link.data_received(b"HMSG s.a %d 30 4\r\nNATS/1.0\r\nNats-Msg-Id: a\r\n\r\n" % sid)
+    assert transport.aborted and got == []
+
+
 def frame(sid: int, subject: bytes, reply: bytes, headers: bytes, payload: bytes) -> bytes:
     reply_part = reply + b" " if reply else b""
     if headers:
@@ -121,9 +179,21 @@ def frame(sid: int, subject: bytes, reply: bytes, headers: bytes, payload: bytes
     return b"MSG %s %d %s%d\r\n%s\r\n" % (subject, sid, reply_part, len(payload), payload)
 
 
+header_lines = st.builds(
+    lambda name, separator, value: name + separator + value + b"\r\n",
+    st.sampled_from([b"Nats-Msg-Id", b"nats-msg-id", b"Nats-Msg-Id ", b"A", b""]), st.sampled_from([b":", b": ", b""]),
+    st.sampled_from([b"", b" ", b"\t", b"id-1", b" id-2 ", b"\r", b":"]) | st.binary(max_size=6),
+)
+header_blocks = st.one_of(
+    st.sampled_from([block for block, _ in HEADER_BLOCKS]),
+    st.builds(lambda status, lines, end: status + b"".join(lines) + end,
+              st.sampled_from([b"NATS/1.0\r\n", b"NATS/1.0 503\r\n", b"NATS/1.1\r\n", b""]),
+              st.lists(header_lines, max_size=4), st.sampled_from([b"\r\n", b"", b"\r"])),
+    st.binary(max_size=40),
+)
 frames = st.builds(
     frame, st.sampled_from([1, 2]), st.sampled_from([b"s.a", b"s.b"]), st.sampled_from([b"", b"r.1"]),
-    st.sampled_from([b"", b"NATS/1.0\r\nA: b\r\n\r\n"]),
+    st.just(b"") | header_blocks,
     st.sampled_from([b"", b"x", b"hello", b"\r\n", b"a\r\nb", b"LIFT"]),
 )
 pieces = st.one_of(
@@ -156,6 +226,15 @@ def test_the_frame_loop_in_c_delivers_what_the_python_loop_does(stream_pieces, c
         position += cut
     reads.append(data[position:])
     assert fed(capture._frames.parse_frames, reads) == fed(capture.parse_frames_python, reads)
+
+
+@pytest.mark.skipif(capture._frames is None, reason="bascule.natsio._frames was not built (no C compiler)")
+@given(header_blocks, st.binary(max_size=20))
+def test_the_frame_loop_in_c_finds_the_message_ids_the_python_loop_finds(block, payload):
+    data = frame(1, b"s.a", b"", block, payload)
+    id_part = () if (found := header_message_id(block, 0, len(block))) is None else (found,)
+    expected = ([("s.a", "", payload, *id_part)] if block else [("s.a", "", payload)], False)
+    assert fed(capture._frames.parse_frames, [data]) == fed(capture.parse_frames_python, [data]) == expected
 
 
 @given(st.binary(max_size=300))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from bascule.h2grpc.messages import MessageReader
 from bascule.wire import capture, entry, envelope
+from bascule.wire.dedup import MESSAGE_ID_HEADER, message_id
 from bascule.wire.entry import Record, consecutive_prefix, encode_entries, intact_prefix_python
 from bascule.wire.messages import MessageEncoder
 from bascule.wire.pb import api_pb2
@@ -211,35 +212,49 @@ def test_publish_responses_refuse_what_no_ack_can_say():
             native.publish_responses(0, *garbage, b"")
 
 
-def publish_envelope(value: bytes, inbox: str) -> bytes:
+ENVELOPE_HEADERS = [{}, {"h": b"v"}, {MESSAGE_ID_HEADER: b"own"}, {MESSAGE_ID_HEADER: b"", "h": b"v"},
+                    {"subject": b"x", MESSAGE_ID_HEADER: b"own-2"}]
+
+
+def publish_envelope(value: bytes, inbox: str, headers: dict[str, bytes]) -> bytes:
     message = api_pb2.Message(value=value, key=b"k", ackInbox=inbox, correlationId="c",
-                              ackPolicy=api_pb2.AckPolicy.ALL, headers={"h": b"v"} if inbox else {})
+                              ackPolicy=api_pb2.AckPolicy.ALL, headers=headers)
     return envelope.encode_message(message, envelope.MsgType.PUBLISH)
 
 
+envelopes = st.builds(publish_envelope, st.binary(max_size=20), st.sampled_from(["", "in.1", "bad inbox"]),
+                      st.sampled_from(ENVELOPE_HEADERS))
 payloads = st.one_of(
     st.binary(max_size=40),
-    st.builds(publish_envelope, st.binary(max_size=20), st.sampled_from(["", "in.1", "bad inbox"])),
-    st.builds(lambda p, cut: p[:cut], st.builds(publish_envelope, st.binary(max_size=20), st.just("in.2")),
-              st.integers(0, 30)),  # torn envelopes, stored as plain values
+    envelopes,
+    st.builds(lambda p, cut: p[:cut], envelopes, st.integers(0, 30)),  # torn envelopes, stored as plain values
     st.just(envelope.MAGIC),
 )
+nats_ids = st.none() | st.sampled_from([b"", b"id-1", b"id-2"]) | st.binary(min_size=1, max_size=70)
 deliveries = st.lists(
-    st.tuples(st.sampled_from(["s.a", "s.b"]), st.sampled_from(["", "r.1"]), payloads), max_size=12,
+    st.tuples(st.sampled_from(["s.a", "s.b"]), st.sampled_from(["", "r.1"]), payloads, nats_ids), max_size=12,
 )
 
 
 @given(deliveries)
-def test_capture_batch_in_c_builds_the_records_and_acks_of_the_python_loop(burst):
+def test_capture_batch_in_c_builds_the_records_acks_and_ids_of_the_python_loop(burst):
     interned = {name: name for name in ("s.a", "s.b", "", "r.1")}
-    burst = [(interned[subject], interned[reply], payload) for subject, reply, payload in burst]
+    burst = [(interned[subject], interned[reply], payload, *([] if nats_id is None else [nats_id]))
+             for subject, reply, payload, nats_id in burst]
     in_c, in_python = capture.capture_batch(burst), capture.capture_batch_python(burst)
     assert in_c == in_python
     assert all(type(record) is Record for record in in_c.records)
+    ids = [message_id(record.headers) for record in in_c.records]
+    assert in_c.ids == (ids if any(ids) else None)
+    shared_blocks = {capture.stored_headers(subject, reply)[1] for subject, reply, *_ in burst}
+    for record, record_id in zip(in_c.records, ids):  # each block holds its record's headers, its id in them
+        assert record.header_block is None or entry.encode_headers(record.headers) == record.header_block
+        assert record_id is None or record.header_block not in shared_blocks
 
 
 def test_capture_batch_in_c_refuses_what_is_not_a_burst_of_deliveries():
-    with pytest.raises(TypeError, match="delivery"):
-        capture.capture_batch([("s", "", "not bytes")])
+    for garbage in (("s", "", "not bytes"), ("s", "", b"v", "not bytes"), ("s", "", b"v", b"id", b"more"), ("s", "")):
+        with pytest.raises(TypeError, match="delivery"):
+            capture.capture_batch([garbage])
     with pytest.raises(TypeError, match="slots"):
         native.capture_records([], dict, capture.stored_headers, capture._record_from_envelope, envelope.MAGIC)

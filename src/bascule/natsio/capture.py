@@ -3,9 +3,10 @@
 nats-py spends most of a captured message's cost on its per-message machinery (a
 Msg object, a queue, a task wake-up, a callback). Captured messages need none of
 it: this connection parses whole socket reads at once and hands each subscription
-one list of (subject, reply, payload) per read, and writes the acks of a whole batch
-at once. It speaks just enough of the NATS client protocol for that: CONNECT,
-SUB/UNSUB, PUB, PING/PONG, MSG and HMSG.
+one list of deliveries per read, (subject, reply, payload) and the message id when
+its NATS headers carry one, and writes the acks of a whole batch at once. It speaks
+just enough of the NATS client protocol for that: CONNECT, SUB/UNSUB, PUB, PING/PONG,
+MSG and HMSG.
 
 It keeps itself up: one socket at a time (a second one subscribed alongside would capture
 every message twice), a PING whenever the socket has been silent for a while (a half-open
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from urllib.parse import SplitResult, urlsplit
 
 from bascule.natsio.auth import NatsAuth
+from bascule.wire.capture import Delivery
+from bascule.wire.dedup import MESSAGE_ID_HEADER
 from bascule.wire.names import is_protocol_token
 
 try:
@@ -34,7 +37,6 @@ except ImportError:  # built without a C compiler: the Python loop stands in
 
 log = logging.getLogger(__name__)
 
-Delivery = tuple[str, str, bytes]  # subject, reply, payload
 BatchHandler = Callable[[list[Delivery]], None]
 
 CONNECT_TIMEOUT = 5.0
@@ -53,6 +55,12 @@ _HMSG_LINE = re.compile(rb"HMSG ([^ \r\n]+) (\d+) (?:([^ \r\n]+) )?(\d+) (\d+)")
 Frame = tuple[int, str, str, int, int]  # sid, subject, reply, header bytes, total bytes
 FRAME_CACHE_SIZE = 4096
 MAX_FRAME_BYTES = 2**31 - 1  # nats-server holds max_payload in an int32
+# A header block is its status line, starting NATS/1.0, then "Name: value" lines, each ending in
+# CRLF, then CRLF. The id's line is found as JetStream finds it: a CRLF, the exact name (case
+# counts), a colon.
+_HEADER_STATUS = b"NATS/1.0"
+_ID_LINE = b"\r\n" + MESSAGE_ID_HEADER.encode() + b":"
+_SMALLEST_ID_BLOCK = len(_HEADER_STATUS) + len(_ID_LINE) + 1 + len(_CRLF)  # the status, a one-byte id's line
 
 
 class ProtocolError(Exception):
@@ -96,6 +104,23 @@ def _pub_line(subject: str, size: int) -> bytes:
     return _check_length(b"PUB %s %d\r\n" % (subject.encode(), size), subject)
 
 
+def header_message_id(buffer: bytes, start: int, end: int) -> bytes | None:
+    """The Nats-Msg-Id the NATS header block ``buffer[start:end]`` carries (its first, without the
+    spaces and tabs around it), or None: none, an empty one, or a block that is not one (no
+    NATS/1.0 status, the id's line not ended by CRLF). Other lines are not read, garbage included:
+    whatever the block holds, its message is delivered, at worst without an id. In C too, in
+    parse_frames."""
+    if end - start < _SMALLEST_ID_BLOCK:  # a bare "NATS/1.0\r\n\r\n", say
+        return None
+    name = buffer.find(_ID_LINE, start, end)  # never inside the status: it holds no CRLF
+    if name < 0 or not buffer.startswith(_HEADER_STATUS, start):
+        return None
+    value_end = buffer.find(_CRLF, name + len(_ID_LINE), end)
+    if value_end < 0:
+        return None
+    return buffer[name + len(_ID_LINE):value_end].strip(b" \t") or None
+
+
 STOPPED = -1  # parse_frames' line_end when it reached the end of the buffer or an unfinished frame
 NO_CRLF_AFTER_PAYLOAD = -2
 
@@ -124,7 +149,9 @@ def parse_frames_python(
             return position, payload_end + 2 - position, STOPPED
         if not buffer.startswith(_CRLF, payload_end):
             return position, 0, NO_CRLF_AFTER_PAYLOAD
-        delivery = (subject, reply, buffer[payload_start + header_size:payload_end])
+        payload = buffer[payload_start + header_size:payload_end]
+        message_id = header_message_id(buffer, payload_start, payload_start + header_size) if header_size else None
+        delivery: Delivery = (subject, reply, payload, message_id) if message_id else (subject, reply, payload)
         batch = batches.get(sid)
         if batch is None:
             batches[sid] = [delivery]

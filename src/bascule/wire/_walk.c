@@ -347,7 +347,8 @@ fail:
 
 /* ---- a leader's appends and acks ----------------------------------------------------------- */
 
-static PyObject *name_value, *name_key, *name_headers, *name_timestamp, *name_header_block, *no_headers;
+static PyObject *name_value, *name_key, *name_headers, *name_timestamp, *name_header_block, *name_message_id,
+    *no_headers;
 
 static inline unsigned char *put_be32(unsigned char *out, uint32_t n) {
     out[0] = (unsigned char)(n >> 24);
@@ -631,72 +632,180 @@ static PyObject *new_record(PyObject *value, PyObject *headers, PyObject *block)
     return record;
 }
 
-/* capture_records(deliveries, record_type, headers_of, envelope_record, magic) -> (records, acks):
- * capture.capture_batch's loop. A payload starting with magic goes to envelope_record(payload,
- * subject, headers, header_block) -> (record, ack or None); any other is a Record of its own. */
+/* wire.dedup.MESSAGE_ID_HEADER, as a header's name (name_message_id) and in a header block. */
+static const char message_id_header[] = "Nats-Msg-Id";
+#define MESSAGE_ID_HEADER_LENGTH ((Py_ssize_t)sizeof(message_id_header) - 1)
+
+/* dedup.headers_with_id's (headers, block) as new references in *headers and *block: the shared
+ * headers with the id in front, and the shared block with the id's header put before the others
+ * (their count raised by one), without encoding them again. */
+static int with_id(PyObject *id, PyObject *shared, PyObject *shared_block, PyObject **headers, PyObject **block) {
+    if (!PyDict_Check(shared) || !PyBytes_CheckExact(shared_block) || PyBytes_GET_SIZE(shared_block) < 2) {
+        PyErr_SetString(PyExc_TypeError, "headers_of did not return (headers dict, header block bytes)");
+        return -1;
+    }
+    const unsigned char *old = (const unsigned char *)PyBytes_AS_STRING(shared_block);
+    unsigned count = ((unsigned)old[0] << 8 | old[1]) + 1;
+    Py_ssize_t id_size = PyBytes_GET_SIZE(id), rest = PyBytes_GET_SIZE(shared_block) - 2;
+    if (count > 0xFFFF || id_size > 0xFFFFFFFF) {
+        PyErr_SetString(PyExc_ValueError, "no room for a message id in the header block");
+        return -1;
+    }
+    *block = PyBytes_FromStringAndSize(NULL, 2 + 2 + MESSAGE_ID_HEADER_LENGTH + 4 + id_size + rest);
+    if (!*block)
+        return -1;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(*block);
+    *p++ = (unsigned char)(count >> 8);
+    *p++ = (unsigned char)count;
+    *p++ = 0;
+    *p++ = (unsigned char)MESSAGE_ID_HEADER_LENGTH;
+    memcpy(p, message_id_header, (size_t)MESSAGE_ID_HEADER_LENGTH);
+    p = put_be32(p + MESSAGE_ID_HEADER_LENGTH, (uint32_t)id_size);
+    memcpy(p, PyBytes_AS_STRING(id), (size_t)id_size);
+    memcpy(p + id_size, old + 2, (size_t)rest);
+    if (!(*headers = PyDict_New()) || PyDict_SetItem(*headers, name_message_id, id) < 0
+            || PyDict_Update(*headers, shared) < 0) {
+        Py_CLEAR(*headers);
+        Py_CLEAR(*block);
+        return -1;
+    }
+    return 0;
+}
+
+/* *id: a new reference to the id dedup.message_id finds in the record's headers, or NULL (none, or
+ * empty); looked for only when they are not the shared ones, which carry none. */
+static int record_id(PyObject *record, PyObject *shared, PyObject **id) {
+    PyObject *headers;
+    if (Py_TYPE(record) != record_type) {
+        if (!(headers = PyObject_GetAttr(record, name_headers)))
+            return -1;
+    } else if (!(headers = Py_XNewRef(*(PyObject **)((char *)record + record_offsets[2])))) {
+        return PyErr_Format(PyExc_AttributeError, "'Record' object has no attribute 'headers'"), -1;
+    }
+    PyObject *value = NULL;
+    int truth = 0;
+    if (headers != shared) {
+        if (!PyDict_Check(headers))
+            PyErr_SetString(PyExc_TypeError, "a record's headers are not a dict");
+        else if ((value = PyDict_GetItemWithError(headers, name_message_id)))
+            truth = PyObject_IsTrue(value);
+    }
+    *id = truth > 0 ? Py_NewRef(value) : NULL;
+    Py_DECREF(headers);
+    return truth < 0 || PyErr_Occurred() ? -1 : 0;
+}
+
+/* ids[i] = id, the list of a batch's ids made, all None, at its first id. */
+static int note_id(PyObject **ids, Py_ssize_t count, Py_ssize_t i, PyObject *id) {
+    if (!*ids) {
+        if (!(*ids = PyList_New(count)))
+            return -1;
+        for (Py_ssize_t j = 0; j < count; j++)
+            PyList_SET_ITEM(*ids, j, Py_NewRef(Py_None));
+    }
+    return PyList_SetItem(*ids, i, Py_NewRef(id));
+}
+
+/* The record of a plain payload, with its id's header when it has one (id not NULL). */
+static PyObject *plain_record(PyObject *payload, PyObject *id, PyObject *shared) {
+    PyObject *headers = PyTuple_GET_ITEM(shared, 0), *block = PyTuple_GET_ITEM(shared, 1);
+    if (!id)
+        return new_record(payload, headers, block);
+    PyObject *own_headers, *own_block;
+    if (with_id(id, headers, block, &own_headers, &own_block) < 0)
+        return NULL;
+    PyObject *record = new_record(payload, own_headers, own_block);
+    Py_DECREF(own_headers);
+    Py_DECREF(own_block);
+    return record;
+}
+
+/* The record of an envelope, from envelope_record(payload, subject, headers, block, id or None),
+ * and in *envelope_id its id (see record_id); its ack appended to acks as (i, ack). */
+static PyObject *envelope_record_of(PyObject *envelope_record, PyObject *payload, PyObject *subject, PyObject *id,
+                                    PyObject *shared, Py_ssize_t i, PyObject *acks, PyObject **envelope_id) {
+    *envelope_id = NULL;
+    PyObject *pair = PyObject_CallFunctionObjArgs(envelope_record, payload, subject, PyTuple_GET_ITEM(shared, 0),
+                                                  PyTuple_GET_ITEM(shared, 1), id ? id : Py_None, NULL);
+    if (!pair)
+        return NULL;
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        Py_DECREF(pair);
+        return PyErr_SetString(PyExc_TypeError, "envelope_record did not return (record, ack)"), NULL;
+    }
+    PyObject *record = Py_NewRef(PyTuple_GET_ITEM(pair, 0)), *ack = PyTuple_GET_ITEM(pair, 1);
+    PyObject *indexed = ack == Py_None ? NULL : Py_BuildValue("(nO)", i, ack);
+    int failed = ack != Py_None && (!indexed || PyList_Append(acks, indexed) < 0);
+    Py_XDECREF(indexed);
+    Py_DECREF(pair);
+    if (failed || record_id(record, PyTuple_GET_ITEM(shared, 0), envelope_id) < 0)
+        Py_CLEAR(record);
+    return record;
+}
+
+/* capture_records(deliveries, record_type, headers_of, envelope_record, magic) -> (records, acks, ids):
+ * capture.capture_batch's loop. A delivery is (subject, reply, payload) or, with a message id,
+ * (subject, reply, payload, id). A payload starting with magic goes to envelope_record(payload,
+ * subject, headers, header_block, id or None) -> (record, ack or None); any other is a Record of
+ * its own. ids: each record's id, or None when no record has one. */
 static PyObject *capture_records(PyObject *self, PyObject *args) {
     PyObject *deliveries, *type, *headers_of, *envelope_record;
     Py_buffer magic;
     if (!PyArg_ParseTuple(args, "O!OOOy*", &PyList_Type, &deliveries, &type, &headers_of, &envelope_record, &magic))
         return NULL;
-    PyObject *records = NULL, *acks = NULL, *shared = NULL, *subject = NULL, *reply = NULL, *result = NULL;
+    PyObject *records = NULL, *acks = NULL, *ids = NULL, *shared = NULL, *subject = NULL, *reply = NULL;
+    PyObject *result = NULL;
     if (learn_record_type(type) < 0 || !(acks = PyList_New(0)))
         goto done;
     Py_ssize_t count = PyList_GET_SIZE(deliveries);
     if (!(records = PyList_New(count)))
         goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *delivery = PyList_GET_ITEM(deliveries, i), *record;
-        if (!PyTuple_CheckExact(delivery) || PyTuple_GET_SIZE(delivery) != 3
-                || !PyBytes_CheckExact(PyTuple_GET_ITEM(delivery, 2))) {
-            PyErr_SetString(PyExc_TypeError, "a delivery is not (subject, reply, payload bytes)");
+        PyObject *delivery = PyList_GET_ITEM(deliveries, i), *record, *id = NULL;
+        Py_ssize_t size = PyTuple_CheckExact(delivery) ? PyTuple_GET_SIZE(delivery) : 0;
+        if ((size != 3 && size != 4) || !PyBytes_CheckExact(PyTuple_GET_ITEM(delivery, 2))
+                || (size == 4 && !PyBytes_CheckExact(PyTuple_GET_ITEM(delivery, 3)))) {
+            PyErr_SetString(PyExc_TypeError, "a delivery is not (subject, reply, payload bytes[, id bytes])");
             goto done;
         }
         PyObject *payload = PyTuple_GET_ITEM(delivery, 2);
+        if (size == 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(delivery, 3)))
+            id = Py_NewRef(PyTuple_GET_ITEM(delivery, 3)); /* an empty id is none, as dedup.message_id has it */
         /* The capture connection hands out one str per distinct subject: identity finds repeats. */
         if (PyTuple_GET_ITEM(delivery, 0) != subject || PyTuple_GET_ITEM(delivery, 1) != reply) {
             Py_XSETREF(subject, Py_NewRef(PyTuple_GET_ITEM(delivery, 0)));
             Py_XSETREF(reply, Py_NewRef(PyTuple_GET_ITEM(delivery, 1)));
             Py_XSETREF(shared, PyObject_CallFunctionObjArgs(headers_of, subject, reply, NULL));
-            if (!shared)
-                goto done;
-            if (!PyTuple_CheckExact(shared) || PyTuple_GET_SIZE(shared) != 2) {
-                PyErr_SetString(PyExc_TypeError, "headers_of did not return (headers, header block)");
+            if (!shared || !PyTuple_CheckExact(shared) || PyTuple_GET_SIZE(shared) != 2) {
+                if (shared)
+                    PyErr_SetString(PyExc_TypeError, "headers_of did not return (headers, header block)");
+                Py_XDECREF(id);
                 goto done;
             }
         }
-        PyObject *headers = PyTuple_GET_ITEM(shared, 0), *block = PyTuple_GET_ITEM(shared, 1);
         if (PyBytes_GET_SIZE(payload) >= magic.len
                 && memcmp(PyBytes_AS_STRING(payload), magic.buf, (size_t)magic.len) == 0) {
-            PyObject *pair = PyObject_CallFunctionObjArgs(envelope_record, payload, subject, headers, block, NULL);
-            if (!pair)
-                goto done;
-            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
-                Py_DECREF(pair);
-                PyErr_SetString(PyExc_TypeError, "envelope_record did not return (record, ack)");
-                goto done;
-            }
-            record = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
-            PyObject *ack = PyTuple_GET_ITEM(pair, 1);
-            PyObject *indexed = ack == Py_None ? NULL : Py_BuildValue("(nO)", i, ack);
-            int failed = ack != Py_None && (!indexed || PyList_Append(acks, indexed) < 0);
-            Py_XDECREF(indexed);
-            Py_DECREF(pair);
-            if (failed) {
-                Py_DECREF(record);
-                goto done;
-            }
-        } else if (!(record = new_record(payload, headers, block))) {
+            PyObject *nats_id = id; /* the record's id is the envelope's own, else this one */
+            record = envelope_record_of(envelope_record, payload, subject, nats_id, shared, i, acks, &id);
+            Py_XDECREF(nats_id);
+        } else {
+            record = plain_record(payload, id, shared);
+        }
+        int failed = !record || (id && note_id(&ids, count, i, id) < 0);
+        Py_XDECREF(id);
+        if (failed) {
+            Py_XDECREF(record);
             goto done;
         }
         PyList_SET_ITEM(records, i, record);
     }
-    result = PyTuple_Pack(2, records, acks);
+    result = PyTuple_Pack(3, records, acks, ids ? ids : Py_None);
 
 done:
     PyBuffer_Release(&magic);
     Py_XDECREF(records);
     Py_XDECREF(acks);
+    Py_XDECREF(ids);
     Py_XDECREF(shared);
     Py_XDECREF(subject);
     Py_XDECREF(reply);
@@ -803,7 +912,7 @@ static PyMethodDef methods[] = {
     {"walked_entries", walked_entries, METH_VARARGS, "(entries as scan() yields them, stopped)."},
     {"encode_messages", encode_messages, METH_VARARGS, "(length, count, stopped, framed Messages)."},
     {"encode_entries", encode_entries, METH_VARARGS, "(entries of the records, what scan() yields of them)."},
-    {"capture_records", capture_records, METH_VARARGS, "(records, acks) of a burst of captured messages."},
+    {"capture_records", capture_records, METH_VARARGS, "(records, acks, ids) of a burst of captured messages."},
     {"publish_responses", publish_responses, METH_VARARGS, "gRPC-framed PublishResponses acking records."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
     {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
@@ -820,6 +929,7 @@ PyMODINIT_FUNC PyInit__walk(void) {
             || !(name_headers = PyUnicode_InternFromString("headers"))
             || !(name_timestamp = PyUnicode_InternFromString("timestamp"))
             || !(name_header_block = PyUnicode_InternFromString("header_block"))
+            || !(name_message_id = PyUnicode_InternFromString(message_id_header))
             || !(no_headers = PyBytes_FromStringAndSize("\0\0", 2)) || !(zero = PyLong_FromLong(0)))
         return NULL;
 #ifdef HAVE_SSE42_PATH

@@ -3,6 +3,8 @@
 A payload that is a Liftbridge Publish envelope keeps its key, headers and ack
 request; anything else (including a broken envelope, which is logged) is stored
 whole as the value, because plain publishers must never lose a message to parsing.
+A message id in the NATS headers (Nats-Msg-Id) is stored as the record's header, unless
+the envelope's own headers carry one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bascule.wire import envelope
+from bascule.wire.dedup import MESSAGE_ID_HEADER, headers_with_id, message_id, message_ids
 from bascule.wire.entry import Record, encode_headers, native
 from bascule.wire.messages import varint
 from bascule.wire.names import is_protocol_token
@@ -21,6 +24,10 @@ from bascule.wire.pb import api_pb2
 log = logging.getLogger(__name__)
 
 LEADER, ALL, NONE = api_pb2.AckPolicy.LEADER, api_pb2.AckPolicy.ALL, api_pb2.AckPolicy.NONE
+
+# A captured NATS message: (subject, reply, payload), and its NATS header Nats-Msg-Id's value as
+# a fourth item when it has one. Most messages have none, and their tuples stay as small.
+Delivery = tuple[str, str, bytes] | tuple[str, str, bytes, bytes]
 
 
 @dataclass(slots=True)  # not frozen: that costs three times as much to build, once per message
@@ -55,41 +62,51 @@ def stored_headers(subject: str, reply: str) -> tuple[dict[str, bytes], bytes]:
 
 @dataclass(slots=True)
 class CapturedBatch:
-    """The records of one burst of NATS messages, and the acks they ask for."""
+    """The records of one burst of NATS messages, the acks they ask for, and their message ids."""
 
     records: list[Record]
     acks: list[tuple[int, AckRequest]]  # (index of the record in records, its ack request)
+    # Each record's message id (dedup.message_id of its headers); None when no record has one.
+    ids: list[bytes | None] | None
 
 
-def capture_batch(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+def capture_batch(deliveries: list[Delivery]) -> CapturedBatch:
     if native is None:
         return capture_batch_python(deliveries)
-    records, acks = native.capture_records(deliveries, Record, stored_headers, _record_from_envelope, envelope.MAGIC)
-    return CapturedBatch(records, acks)
+    return CapturedBatch(*native.capture_records(
+        deliveries, Record, stored_headers, _record_from_envelope, envelope.MAGIC))
 
 
-def capture_batch_python(deliveries: list[tuple[str, str, bytes]]) -> CapturedBatch:
+def capture_batch_python(deliveries: list[Delivery]) -> CapturedBatch:
     """``capture_batch`` as a Python loop: the C module's reference."""
-    batch = CapturedBatch([], [])
-    records, acks = batch.records, batch.acks
+    records: list[Record] = []
+    acks: list[tuple[int, AckRequest]] = []
     subject = reply = None
-    for delivery_subject, delivery_reply, payload in deliveries:
+    own_headers = False  # a record sharing the subject's headers has no id: only others are looked at
+    for delivery in deliveries:
+        if len(delivery) == 3:
+            delivery_subject, delivery_reply, payload = delivery
+            nats_id = None
+        else:
+            delivery_subject, delivery_reply, payload, nats_id = delivery
         # The capture connection hands out one str per distinct subject: identity finds repeats.
         if delivery_subject is not subject or delivery_reply is not reply:
             subject, reply = delivery_subject, delivery_reply
             headers, header_block = stored_headers(subject, reply)
-        record, ack = _record(payload, subject, headers, header_block)
+        record, ack = _record(payload, subject, headers, header_block, nats_id)
         if ack is not None:
             acks.append((len(records), ack))
         records.append(record)
-    return batch
+        if record.headers is not headers:
+            own_headers = True
+    return CapturedBatch(records, acks, message_ids(records) if own_headers else None)
 
 
-def expected_offsets(deliveries: list[tuple[str, str, bytes]]) -> list[int]:
+def expected_offsets(deliveries: list[Delivery]) -> list[int]:
     """The offset each captured message expects to get, for optimistic concurrency control: a
     Publish envelope's Message offset; 0 for anything else (a malformed envelope included, stored
     as a plain value), as Liftbridge counts a plain message."""
-    return [_expected_offset(payload) for _, _, payload in deliveries]
+    return [_expected_offset(delivery[2]) for delivery in deliveries]
 
 
 def _expected_offset(payload: bytes) -> int:
@@ -104,34 +121,45 @@ def _expected_offset(payload: bytes) -> int:
 def record_from_nats(
     data: bytes, subject: str, reply: str
 ) -> tuple[Record, AckRequest | None]:
-    return _record(data, subject, *stored_headers(subject, reply))
+    return _record(data, subject, *stored_headers(subject, reply), None)
 
 
 def _record(
-    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
+    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes, nats_id: bytes | None
 ) -> tuple[Record, AckRequest | None]:
     if envelope.is_envelope(data):
-        return _record_from_envelope(data, subject, headers, header_block)
-    return Record(data, None, headers, 0, header_block), None
+        return _record_from_envelope(data, subject, headers, header_block, nats_id)
+    if nats_id:
+        return _plain_record(data, headers, header_block, nats_id), None
+    return Record(data, None, headers, 0, header_block), None  # most messages: built here, a call saved
+
+
+def _plain_record(data: bytes, headers: dict[str, bytes], header_block: bytes, nats_id: bytes | None) -> Record:
+    if nats_id:  # an empty id is none (dedup.message_id)
+        headers, header_block = headers_with_id(nats_id, headers, header_block)
+    return Record(data, None, headers, 0, header_block)
 
 
 def _record_from_envelope(
-    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes
+    data: bytes, subject: str, headers: dict[str, bytes], header_block: bytes, nats_id: bytes | None
 ) -> tuple[Record, AckRequest | None]:
     try:
         message = envelope.decode_message(data, envelope.MsgType.PUBLISH, api_pb2.Message)
     except envelope.EnvelopeError as exc:
         log.warning("storing a malformed envelope on %s as a plain value: %s", subject, exc)
-        return Record(data, None, headers, 0, header_block), None
-    return _record_from_publish(message, headers, header_block, subject)
+        return _plain_record(data, headers, header_block, nats_id), None
+    return _record_from_publish(message, headers, header_block, subject, nats_id)
 
 
 def _record_from_publish(
-    message: api_pb2.Message, headers: dict[str, bytes], header_block: bytes, subject: str
+    message: api_pb2.Message, headers: dict[str, bytes], header_block: bytes, subject: str, nats_id: bytes | None
 ) -> tuple[Record, AckRequest | None]:
     key = message.key or None
-    if message.headers:
-        record = Record(message.value, key, {**message.headers, **headers})
+    own = message.headers
+    if nats_id and not message_id(own):  # an id in the envelope's own headers wins
+        record = Record(message.value, key, {**own, MESSAGE_ID_HEADER: nats_id, **headers})
+    elif own:
+        record = Record(message.value, key, {**own, **headers})
     else:
         record = Record(message.value, key, headers, header_block=header_block)
     ack = None
