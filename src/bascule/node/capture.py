@@ -96,9 +96,10 @@ class CapturePath:
                 if replica.concurrency_control:
                     self._submit_each(local, batch, capture.expected_offsets(deliveries))
                 elif batch.acks:
-                    replica.submit(batch.records, partial(self._written, local, batch.acks, count, time.time_ns()))
+                    replica.submit(batch.records, partial(self._written, local, batch.acks, count, time.time_ns()),
+                                   ids=batch.ids)
                 else:
-                    replica.submit(batch.records, partial(self._count_if_dropped, count))
+                    replica.submit(batch.records, partial(self._count_if_dropped, count), ids=batch.ids)
             except (NotLeader, PartitionClosed) as exc:
                 self.dropped[drop_reason(exc)] += count
                 log.warning("dropping %d messages on %s: %s", count, local.subject, exc)
@@ -113,7 +114,8 @@ class CapturePath:
         reception_ns = time.time_ns()
         for index, record in enumerate(batch.records):
             outcome = partial(self._written_alone, local, acks.get(index), reception_ns)
-            local.replica.submit([record], outcome, expected=expected[index:index + 1])
+            ids = None if batch.ids is None else batch.ids[index:index + 1]
+            local.replica.submit([record], outcome, expected=expected[index:index + 1], ids=ids)
 
     def _written_alone(
         self, local: LocalPartition, ack: capture.AckRequest | None, reception_ns: int,
