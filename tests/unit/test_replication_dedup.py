@@ -160,3 +160,29 @@ def test_ids_leave_the_window_as_the_log_grows_past_its_count():
     write(machine, log, "a", [b"x"])
     write(machine, log, "b", [b"y", b"z"])
     assert acked(write(machine, log, "retry", [b"x"])) == [(3, "retry")]  # x left: written again
+
+
+def test_ids_of_a_flush_without_copies_land_where_their_records_do_when_some_are_refused():
+    machine, log = leading(occ=True), Log()
+    machine.submit([Record(b"a")], "a", [0], [b"x"])
+    machine.submit([Record(b"b")], "b", [5], [b"y"])  # refused: the log will not be at 5
+    machine.submit([Record(b"c")], "c", [1], [b"z"])
+    actions = log.flush(machine, 1.0)
+    assert acked(actions) == [(0, "a"), (1, "c")] and failed(actions) == [("b", IncorrectOffset)]
+    assert acked(write(machine, log, "retry z", [b"z"], expected=[NO_EXPECTATION])) == [([1], "retry z")]
+    assert acked(write(machine, log, "retry y", [b"y"], expected=[NO_EXPECTATION])) == [(2, "retry y")]
+
+
+def test_ids_of_an_append_the_log_could_not_encode_all_of_land_where_the_rest_does():
+    machine = leading()
+    machine.submit([Record(b"a")], "a", None, [b"x"])
+    machine.submit([Record(b"bad", headers={"h" * 70_000: b"v"})], "bad", None, [b"y"])
+    machine.submit([Record(b"c")], "c", None, [b"z"])
+    [append] = machine.flush(1.0)
+    refusals, retry = machine.unencodable(append.records)
+    assert failed(refusals) == [("bad", ValueError)] and [r.value for r in retry.records] == [b"a", b"c"]
+    assert acked(machine.appended(0, 2, 1.0)) == [(0, "a"), (1, "c")]
+    log = Log()
+    log.records = list(retry.records)
+    assert acked(write(machine, log, "retry z", [b"z"])) == [([1], "retry z")]
+    assert acked(write(machine, log, "retry y", [b"y"])) == [(2, "retry y")]

@@ -41,6 +41,26 @@ class DedupWindow:
         """Where the message with this id was written, if the window still holds it."""
         return self._offsets.get(key)
 
+    def holds_any(self, keys: Iterable[bytes | None]) -> bool:
+        """Whether one of ``keys`` (None: no id) is in the window, or there twice."""
+        offsets = self._offsets
+        seen: set[bytes] = set()
+        for key in keys:
+            if key is not None:
+                if key in offsets or key in seen:
+                    return True
+                seen.add(key)
+        return False
+
+    def remember_run(self, first_offset: int, keys: list[bytes | None], written: float) -> None:
+        """``remember`` for messages written one per offset from ``first_offset``, with these ids
+        (None: no id)."""
+        offsets, order = self._offsets, self._order
+        for offset, key in enumerate(keys, first_offset):
+            if key is not None:
+                offsets[key] = offset
+                order.append((offset, written, key))
+
     def remember(self, key: bytes, offset: int, written: float) -> None:
         """A message with id ``key`` was written at ``offset`` at time ``written``. An id written
         again (the window had let it go) now means its newest message."""

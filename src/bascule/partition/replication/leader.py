@@ -278,7 +278,9 @@ class Leader(Generic[T]):
         self._pending_starts: list[int] = []
         self._placed: list[tuple[Placement, T]] | None = None  # a deduplicated Append's writes
         self._remembering: list[tuple[bytes, int]] = []  # its new ids and their offsets
-        # An Append without copies: its records, and the ids of those that have one, by record.
+        # An Append without copies: its records' ids in its order, or, once some of its records may
+        # have been refused, by record (with its records).
+        self._new_id_run: list[bytes | None] | None = None
         self._appending_records: list[Record] = []
         self._new_ids: dict[int, bytes] = {}
         self.duplicates = 0  # records not written again: their ids were written before
@@ -381,11 +383,14 @@ class Leader(Generic[T]):
         if self._pending_ids:
             ids, self._pending_ids = self._pending_ids, []
             if records and leadership is not None:
-                if self._holds_copies(ids):
+                assert self._window is not None
+                if self._window.holds_any(ids):
                     return self._deduplicated(leadership, records, ids, starts, dict(tokens), expecting, now)
                 # The usual case, no copies: the usual path, whose records' ids join the window
-                # where they land.
-                self._new_ids = {id(record): key for record, key in zip(records, ids) if key is not None}
+                # where they land (their records' places, unless some are refused on the way).
+                self._new_id_run = ids
+                if expecting:
+                    self._index_new_ids(records)
         if not records or leadership is None:
             return []
         actions: list[Action] = []
@@ -404,6 +409,8 @@ class Leader(Generic[T]):
         (whose outcome goes to ``appended`` or a failure as the first's would have)."""
         if self._placed is not None:  # never: a deduplicating flush refuses such groups first
             return self.append_failed(ValueError(next(filter(None, map(record_error, records)), "unencodable"))), None
+        if self._new_id_run is not None:
+            self._index_new_ids(records)
         kept, self._appending, refusals = _without_unencodable_groups(records, self._appending)
         self._appending_records = kept
         leadership = self.leadership
@@ -429,7 +436,7 @@ class Leader(Generic[T]):
         else:
             tokens, self._appending = self._appending, []
             written = [(first_offset + index, token) for index, token in tokens]
-            if self._new_ids:
+            if self._new_id_run is not None or self._new_ids:
                 self._remember_new_ids(first_offset, log_end, now)
             self._appending_records = []
         self._log_end = log_end
@@ -585,32 +592,30 @@ class Leader(Generic[T]):
             return self._start_sync()
         return self._written(leadership, placed, self._log_end, now)
 
-    def _holds_copies(self, ids: list[bytes | None]) -> bool:
-        """Whether some of ``ids`` is in the window, or there twice."""
-        window = self._window
-        assert window is not None
-        seen: set[bytes] = set()
-        for key in ids:
-            if key is not None:
-                if key in seen or window.offset_of(key) is not None:
-                    return True
-                seen.add(key)
-        return False
+    def _index_new_ids(self, records: list[Record]) -> None:
+        """Key the ids of the Append's records by record: some may be refused before it is written."""
+        run, self._new_id_run = self._new_id_run or [], None
+        self._new_ids = {id(record): key for record, key in zip(records, run) if key is not None}
+        self._appending_records = records
 
     def _remember_new_ids(self, first_offset: int, log_end: int, now: float) -> None:
+        run, self._new_id_run = self._new_id_run, None
         new_ids, self._new_ids = self._new_ids, {}
         window = self._window
         if window is None:
             return
-        for index, record in enumerate(self._appending_records):
-            key = new_ids.get(id(record))
-            if key is not None:
-                window.remember(key, first_offset + index, now)
+        if run is not None:
+            window.remember_run(first_offset, run, now)
+        else:
+            for index, record in enumerate(self._appending_records):
+                key = new_ids.get(id(record))
+                if key is not None:
+                    window.remember(key, first_offset + index, now)
         window.expire(log_end, now)
 
     def _taken_appending(self) -> list[tuple[Placement, T]]:
         """The writes of the Append being carried out, taken (for their tokens)."""
-        self._new_ids = {}
+        self._new_ids, self._new_id_run = {}, None
         if self._placed is not None:
             taken, self._placed, self._remembering = self._placed, None, []
             return taken
@@ -704,7 +709,7 @@ class Leader(Generic[T]):
         tokens += [token for _, token in self._awaiting_lease + self._pending_tokens + self._awaiting_sync]
         self._pending, self._pending_tokens, self._awaiting_sync, self._awaiting_lease = [], [], [], []
         self._pending_expected, self._pending_ids, self._pending_starts = [], [], []
-        self._window, self._new_ids = None, {}  # the next leadership rebuilds the window from the log
+        self._window, self._new_ids, self._new_id_run = None, {}, None  # the next leadership rebuilds it
         return [Fail(tokens, error)] if tokens else []
 
 
