@@ -158,8 +158,9 @@ def _authorization(config: Config) -> Authorization | None:
 def tune_garbage_collector() -> None:
     """Capture allocates a few short-lived objects per message and frees them by reference
     counting; the cycle collector's default of a pass every 700 allocations then costs a
-    large share of an append for nothing. Objects alive at start-up are frozen out of it."""
-    gc.collect()
+    large share of an append for nothing. Objects alive at start-up are frozen out of it,
+    without a full collection first: it found some 25 unreachable objects (5 KB) among the
+    39,000 of the imports and cost 10-14 ms of every start."""
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib.metadata import version
 from typing import Any
 
 from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
@@ -143,13 +142,13 @@ def _target_partitions(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bascule.config import add_server_arguments
+    from bascule.config import VersionAction, add_server_arguments
 
     parser = argparse.ArgumentParser(
         prog="bascule", description="Durable, replicated streams on NATS", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"bascule {version('bascule')}")
+    parser.add_argument("--version", action=VersionAction)
     _connection_options(parser, per_command=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -17,7 +17,7 @@ server), and a data dir that belongs to another user.
 and errors.
 """
 
-from bascule.config.loading import ConfigError, add_server_arguments, load_config, overrides_from_args
+from bascule.config.loading import ConfigError, VersionAction, add_server_arguments, load_config, overrides_from_args
 from bascule.config.model import DEFAULT_NATS_URL, ClusteringConfig, Config, default_data_dir
 from bascule.config.values import parse_duration, parse_size
 
@@ -26,6 +26,7 @@ __all__ = [
     "ClusteringConfig",
     "Config",
     "ConfigError",
+    "VersionAction",
     "add_server_arguments",
     "default_data_dir",
     "load_config",
