@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgpack
-from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TransportNotReadyError
 
 from bascule import durable
 from bascule.metadata import raft_port, raft_standing
@@ -130,6 +132,7 @@ class MetadataRaft:
         self._store = MetadataStore(self._applied)
         install_durable_storage()  # before SyncObj opens its journal
         raft_port.install()
+        SyncObj._autoTickThread = _tick_thread
         self._sync = SafeSyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
@@ -139,6 +142,7 @@ class MetadataRaft:
         self.watch = MetadataWatch()
         self._standing: tuple[str | None, bool] = (None, False)  # (leader, ready) as last told to the watch
         self._sync.addOnTickCallback(self._notice_leadership)
+        self._tick_at_once()  # the tick thread's first tick may have run before these callbacks were in
 
     def _expire_unanswered_connects(self) -> None:
         """Drop connects to peers that got no answer within connectionTimeout (runs on the tick thread).
@@ -286,6 +290,32 @@ class MetadataRaft:
         """Stop Raft and wait for its tick thread to close every socket: once this returns, the Raft port is
         free for the next start (a restart in the same process included)."""
         self._sync.destroy_synchronous()
+
+
+def _tick_thread(sync: Any) -> None:
+    """pysyncobj's tick thread (``SyncObj._autoTickThread``, replaced by this) without the fixed 0.1 s
+    sleep it takes between binding the Raft port and its first tick: a restarted node's journal replay,
+    and so its election and its registration, waited for it (issue 30). ``sync`` is a weak proxy."""
+    try:
+        sync._SyncObj__transport.tryGetReady()
+    except TransportNotReadyError:
+        log.exception("the metadata Raft transport did not get ready")
+        return
+    finally:
+        sync._SyncObj__initialised.set()
+    try:
+        period = sync.conf.autoTickPeriod
+        while sync._SyncObj__mainThread.is_alive():
+            if sync._SyncObj__destroying:
+                sync._doDestroy()
+                return
+            try:
+                sync._onTick(period)
+            except Exception:
+                log.exception("a metadata Raft tick failed")
+                time.sleep(period)  # before trying again, as pysyncobj does
+    except ReferenceError:  # the SyncObj is gone
+        pass
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
