@@ -37,17 +37,22 @@ _UINT32 = struct.Struct(">I")
 _CACHE_SIZE = 4096
 _NO_HEADERS = b"\x00\x00"
 
-_SMALL_VARINTS = [bytes((n,)) for n in range(128)] + [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, 1 << 14)]
-_PREFIXES_KEPT = 1 << 12
+# Varints below _TABLED, and the value's tag and length and the gRPC prefix of Messages below it, made
+# once: up to 16,384 (2-byte varints) where the Python loop is Subscribe's, only 128 (1-byte varints)
+# beside the C loop, where the full tables were 2.2 MiB of every node's memory for the few 2-byte
+# varints left to Python (long ack fields, a young log's offsets).
+_TABLED = 1 << 14 if native is None else 128
+_SMALL_VARINTS = [bytes((n,)) for n in range(128)] + [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, _TABLED)]
+_PREFIXES_KEPT = min(_TABLED, 1 << 12)
 _PREFIXES = [_GRPC_PREFIX(0, n) for n in range(_PREFIXES_KEPT)]  # for Messages below 4 KiB
-_VALUE_HEADS = [_VALUE + _SMALL_VARINTS[n] for n in range(1 << 14)]  # the value's tag and length
+_VALUE_HEADS = [_VALUE + _SMALL_VARINTS[n] for n in range(_TABLED)]  # the value's tag and length
 _SMALL_OFFSET_FIELDS = [_OFFSET + _SMALL_VARINTS[n] for n in range(128)]
 _OFFSET_LOW_7_BITS = [bytes((_OFFSET[0], n | 0x80)) for n in range(128)]  # tag, low 7 bits, more to come
 
 
 def varint(number: int) -> bytes:
     """Protobuf's base-128 varint of a number (a negative int64 as its two's complement)."""
-    if 0 <= number < 16384:
+    if 0 <= number < _TABLED:
         return _SMALL_VARINTS[number]
     if number < 0:
         number += 1 << 64
@@ -164,7 +169,7 @@ class MessageEncoder:
                 high = offset >> 7
                 rest = varint(high) if high else b""
             offset_field = low7[offset & 0x7F] if high else _SMALL_OFFSET_FIELDS[offset]
-            value_head = value_heads[value_length] if value_length < 16384 else _VALUE + varint(value_length)
+            value_head = value_heads[value_length] if value_length < _TABLED else _VALUE + varint(value_length)
             length = 2 + len(rest) + len(value_head) + value_length + len(tail)
             if key:
                 key_field = _KEY + varint(key_length) + key
