@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from bascule.partition import replica as replica_module
 from bascule.partition.log import CommitLog
 from bascule.partition.replica import PartitionReplica, SyncPolicy, placed_offsets, recent_ids
 from bascule.partition.replication.dedup import DedupLimits
@@ -86,6 +87,11 @@ class CountingLog:
         self.entries_read += len(entries)
         return entries
 
+    def read_through(self, offset, max_bytes, max_entries):
+        data, advanced = self.log.read_through(offset, max_bytes, max_entries)
+        self.entries_read += advanced
+        return data, advanced
+
 
 def test_a_rebuild_reads_only_the_window_s_tail(tmp_path):
     log = CommitLog.open(tmp_path / "p")
@@ -106,4 +112,15 @@ def test_a_rebuild_keeps_only_ids_within_the_window_s_age(tmp_path):
     log.append([with_id(b"recent", b"recent"), with_id(b"newest", b"newest")], 0)
     remembered = recent_ids(log, DedupLimits(max_age=120.0, max_messages=1000), now=1000.0)
     assert [(key, offset, when) for key, offset, when in remembered] == [(b"recent", 1, 1000.0), (b"newest", 2, 1000.0)]
+    log.close()
+
+
+def test_a_log_without_ids_is_read_not_decoded(tmp_path, monkeypatch):
+    log = CommitLog.open(tmp_path / "p")
+    log.append([with_id(b"v", b"early")] + [with_id(b"v", None)] * 2000, 0)
+    looked_into = []
+    real = replica_module.stored_message_ids
+    monkeypatch.setattr(replica_module, "stored_message_ids", lambda data: looked_into.append(data) or real(data))
+    assert recent_ids(log, DedupLimits(max_age=120.0, max_messages=1000), now=0.0) == []
+    assert looked_into == []
     log.close()

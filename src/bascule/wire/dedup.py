@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
-from bascule.wire.entry import Record
+from bascule.wire.entry import Record, decode_header_block, header_blocks_holding
 
 MESSAGE_ID_HEADER = "Nats-Msg-Id"
 # An id longer than this is remembered by its SHA-256: the window's memory per id stays bounded
 # whatever publishers send, and the same id always gives the same key.
 MAX_KEPT_ID_BYTES = 64
 _UINT16, _UINT32 = struct.Struct(">H"), struct.Struct(">I")
-_ID_NAME = _UINT16.pack(len(MESSAGE_ID_HEADER)) + MESSAGE_ID_HEADER.encode()
+_ID_NAME_BYTES = MESSAGE_ID_HEADER.encode()
+_ID_NAME = _UINT16.pack(len(_ID_NAME_BYTES)) + _ID_NAME_BYTES
 # For each shared header block: what goes before and after a message's id in its encoding. The
 # blocks are capture.stored_headers' (one per subject, bounded alike).
 _AROUND_ID_CACHE_SIZE = 4096
@@ -54,6 +55,20 @@ def headers_with_id(message_id: bytes, shared: Mapping[str, bytes], block: bytes
         parts = _around_id[block] = (_UINT16.pack(_UINT16.unpack_from(block)[0] + 1) + _ID_NAME, block[2:])
     head, tail = parts
     return {MESSAGE_ID_HEADER: message_id, **shared}, head + _UINT32.pack(len(message_id)) + message_id + tail
+
+
+def stored_message_ids(buf: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(offset, timestamp, message id) of each entry of ``buf`` (whole entries, their CRCs checked
+    already) that has one. An id first among the headers, where bascule's writers put it, is read in
+    place; elsewhere the entry's headers are decoded."""
+    for offset, timestamp, block in header_blocks_holding(buf, _ID_NAME_BYTES):
+        if block.startswith(_ID_NAME, 2):
+            start = 2 + len(_ID_NAME) + _UINT32.size
+            value = block[start:start + _UINT32.unpack_from(block, start - _UINT32.size)[0]]
+        else:
+            value = decode_header_block(block, offset).get(MESSAGE_ID_HEADER, b"")
+        if value:
+            yield offset, timestamp, value
 
 
 def window_key(message_id: bytes) -> bytes:

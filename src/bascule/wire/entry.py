@@ -405,6 +405,18 @@ def decode_entries(buf: bytes | bytearray | memoryview, check_crc: bool = True) 
     return entries
 
 
+def header_blocks_holding(buf: bytes, name: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(offset, timestamp, header block) of each entry of ``buf`` (whole entries, their CRCs checked
+    already) whose bytes hold ``name``: what a search for one header needs, without decoding the
+    entries that cannot have it."""
+    view = memoryview(buf)
+    for offset, _, timestamp, start, end in walked_prefix(buf, check_crc=False):
+        if buf.find(name, start, end) != -1:
+            block = _body_parts(view, start + HEADER_SIZE, end, offset)[2]
+            if block is not None:
+                yield offset, timestamp, block
+
+
 def _body_parts(
     view: memoryview, position: int, end: int, offset: int
 ) -> tuple[memoryview | None, memoryview, bytes | None]:
