@@ -41,25 +41,21 @@ class DedupWindow:
         """Where the message with this id was written, if the window still holds it."""
         return self._offsets.get(key)
 
-    def holds_any(self, keys: Iterable[bytes | None]) -> bool:
+    def holds_any(self, keys: list[bytes | None]) -> bool:
         """Whether one of ``keys`` (None: no id) is in the window, or there twice."""
-        offsets = self._offsets
-        seen: set[bytes] = set()
-        for key in keys:
-            if key is not None:
-                if key in offsets or key in seen:
-                    return True
-                seen.add(key)
-        return False
+        given = [key for key in keys if key is not None]
+        distinct = set(given)
+        return len(distinct) < len(given) or not self._offsets.keys().isdisjoint(distinct)
 
     def remember_run(self, first_offset: int, keys: list[bytes | None], written: float) -> None:
         """``remember`` for messages written one per offset from ``first_offset``, with these ids
         (None: no id)."""
-        offsets, order = self._offsets, self._order
-        for offset, key in enumerate(keys, first_offset):
-            if key is not None:
-                offsets[key] = offset
-                order.append((offset, written, key))
+        if None in keys:
+            pairs = [(key, offset) for offset, key in enumerate(keys, first_offset) if key is not None]
+        else:
+            pairs = list(zip(keys, range(first_offset, first_offset + len(keys))))  # type: ignore[arg-type]
+        self._offsets.update(pairs)
+        self._order.extend((offset, written, key) for key, offset in pairs)
 
     def remember(self, key: bytes, offset: int, written: float) -> None:
         """A message with id ``key`` was written at ``offset`` at time ``written``. An id written
