@@ -19,10 +19,20 @@ def test_the_window_forgets_ids_beyond_its_count_of_offsets():
     window.remember(b"x", 0, 1.0)
     window.remember(b"y", 1, 1.0)
     window.expire(log_end=2, now=1.0)
-    assert window.offset_of(b"x") == 0 and len(window) == 2
+    assert window.offset_of(b"x") == 0
     window.remember(b"z", 2, 1.0)
     window.expire(log_end=3, now=1.0)
-    assert window.offset_of(b"x") is None and window.offset_of(b"y") == 1 and len(window) == 2
+    assert window.offset_of(b"x") is None and window.offset_of(b"y") == 1 and window.offset_of(b"z") == 2
+
+
+def test_the_window_s_memory_stays_within_twice_its_count():
+    window = DedupWindow(DedupLimits(max_age=120.0, max_messages=100))
+    for first in range(0, 10_000, 10):
+        window.remember_run(first, [b"%d" % offset for offset in range(first, first + 10)], 1.0)
+        window.expire(first + 10, 1.0)
+        assert len(window._offsets) <= 2 * 100 + 10 and len(window._runs) <= 11
+    assert window.offset_of(b"9899") is None and window.offset_of(b"9900") == 9900
+    assert window.holds_any([b"1", b"9999"]) and not window.holds_any([b"1", b"2", None])
 
 
 def test_the_window_forgets_ids_older_than_its_age():

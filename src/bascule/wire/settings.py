@@ -20,7 +20,8 @@ _MAX_INT64 = (1 << 63) - 1
 # Index points hold a segment position as uint32: a segment must stay below 4 GiB.
 MAX_SEGMENT_BYTES = (1 << 32) - 1
 MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: anything longer is a mistake, not a policy
-# A deduplication window remembers at most this many ids per partition (240-280 B each).
+# A deduplication window remembers at most this many ids per partition (it may hold twice as
+# many, 140-180 B each, before it sheds those that left it).
 MAX_DEDUP_MESSAGES = 1_000_000
 _NUMBER = (int, float)
 _MS = 0.001  # seconds per millisecond: the API gives durations in ms
