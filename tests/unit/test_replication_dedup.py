@@ -196,3 +196,13 @@ def test_ids_of_an_append_the_log_could_not_encode_all_of_land_where_the_rest_do
     log.records = list(retry.records)
     assert acked(write(machine, log, "retry z", [b"z"])) == [([1], "retry z")]
     assert acked(write(machine, log, "retry y", [b"y"])) == [(2, "retry y")]
+
+
+def test_an_id_that_left_the_window_while_no_ids_were_written_is_written_again():
+    machine, log = leading(window=DedupWindow(DedupLimits(max_age=10.0, max_messages=3))), Log()
+    write(machine, log, "a", [b"x"], now=1.0)
+    for token in "bcd":
+        machine.submit([Record(token.encode())], token, None)  # no ids: the window is not touched
+        log.flush(machine, 1.0)
+    assert acked(write(machine, log, "again", [b"x"], now=1.0)) == [(4, "again")]  # beyond its count
+    assert acked(write(machine, log, "late", [b"x"], now=30.0)) == [(5, "late")]  # beyond its age

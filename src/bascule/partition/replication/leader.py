@@ -384,6 +384,7 @@ class Leader(Generic[T]):
             ids, self._pending_ids = self._pending_ids, []
             if records and leadership is not None:
                 assert self._window is not None
+                self._window.expire(self._log_end, now)  # ids may have aged out since the last Append with ids
                 if self._window.holds_any(ids):
                     return self._deduplicated(leadership, records, ids, starts, dict(tokens), expecting, now)
                 # The usual case, no copies: the usual path, whose records' ids join the window
