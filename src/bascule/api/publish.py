@@ -296,26 +296,29 @@ class PublishRPCs:
 
 def _record(request: api_pb2.PublishRequest, local: LedPartition) -> Record:
     # The headers a NATS-routed publish would have got, as Liftbridge records on every message.
-    own = request.headers
     shared, block = capture.stored_headers(local.subject, "")  # shared, and encoded once
-    if not own:
-        return Record(value=request.value, key=request.key or None, headers=shared, header_block=block)
-    if len(own) == 1 and (message_id := own.get(MESSAGE_ID_HEADER)) is not None:
-        headers, block = headers_with_id(message_id, shared, block)
-        return Record(request.value, request.key or None, headers, 0, block)
-    headers = {**own, "subject": local.subject.encode(), "reply": b""}
-    return Record(value=request.value, key=request.key or None, headers=headers)
+    record = _record_sharing(request, shared, block)
+    if record is None:
+        headers = {**request.headers, "subject": local.subject.encode(), "reply": b""}
+        record = Record(value=request.value, key=request.key or None, headers=headers)
+    return record
 
 
 def _plain_record(request: api_pb2.PublishRequest, lane: _Lane) -> Record | None:
     """The record of a publish with no headers of its own but a message id, else None (the general
     path checks them)."""
+    return None if lane.header_block is None else _record_sharing(request, lane.headers, lane.header_block)
+
+
+def _record_sharing(request: api_pb2.PublishRequest, shared: dict[str, bytes], block: bytes) -> Record | None:
+    """The record of a publish whose only own header, if any, is its message id, beside the
+    ``shared`` subject and reply headers (encoded as ``block``); None for one with other headers."""
     own = request.headers
     if not own:
-        return Record(request.value, request.key or None, lane.headers, 0, lane.header_block)
-    if len(own) == 1 and (message_id := own.get(MESSAGE_ID_HEADER)) is not None and lane.header_block is not None:
-        headers, block = headers_with_id(message_id, lane.headers, lane.header_block)
-        return Record(request.value, request.key or None, headers, 0, block)
+        return Record(request.value, request.key or None, shared, 0, block)
+    if len(own) == 1 and (message_id := own.get(MESSAGE_ID_HEADER)) is not None:
+        headers, with_id = headers_with_id(message_id, shared, block)
+        return Record(request.value, request.key or None, headers, 0, with_id)
     return None
 
 
