@@ -293,13 +293,38 @@ def test_batch_older_than_its_latest_epoch_is_dropped():
 
 def test_caught_up_waits_for_a_notification_or_the_idle_wait():
     f = fetching(leo=5)
-    assert f.on_replicate(3, 4, [], 2.0) == [SetHighWatermark(4), WaitForData(12.0)]
+    assert f.on_replicate(3, 4, [], 2.0) == [SetHighWatermark(4), WaitForData(12.0, caught_up=True)]
     assert f.state is FollowerState.IDLE
     assert f.tick(11.9) == []
     assert f.tick(12.0) == [SendFetch(5, 3)]
     f.on_replicate(3, 4, [], 13.0)
     assert f.on_notify(14.0) == [SendFetch(5, 3)]
     assert f.on_notify(14.0) == []  # not waiting
+
+
+def test_a_back_off_is_no_caught_up_wait():
+    f = fetching(leo=5)
+    [wait] = f.on_replicate(4, 9, [], 1.0)  # another epoch: dropped
+    assert wait == WaitForData(1.5) and not wait.caught_up
+
+
+def test_parked_contact_counts_as_the_leader_s_answer():
+    f = fetching(leo=5)
+    f.on_replicate(3, 4, [], 1.0)  # caught up at 1.0: parked
+    f.on_parked_contact(14.0, 7.5)  # a round answered at 14.0
+    assert f.tick(15.5) == [SendFetch(5, 3, 7.5)]  # the idle wait is over; the leader is not silent
+    assert f.on_fetch_failed(28.9) == [SendFetch(5, 3, 7.5)]
+    assert f.on_fetch_failed(29.1) == [ReportLeader("L", 3), SendFetch(5, 3, 7.5)]  # 15 s after 14.0
+
+
+def test_parked_contact_never_moves_contact_back_nor_counts_outside_idle():
+    f = fetching(leo=5)
+    f.on_replicate(3, 4, [], 10.0)
+    f.on_parked_contact(9.0, 2.0)  # an older round: contact stays at 10.0, the echo takes the reading
+    assert f.next_deadline() == 20.0
+    assert f.on_notify(10.5) == [SendFetch(5, 3, 2.0)]
+    f.on_parked_contact(30.0, 9.0)  # fetching now: not parked, nothing counts
+    assert f.on_fetch_failed(25.1) == [ReportLeader("L", 3), SendFetch(5, 3, 2.0)]
 
 
 def test_next_deadline():

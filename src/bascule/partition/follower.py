@@ -19,9 +19,11 @@ from bascule.logcontext import concerning
 from bascule.natsio.transport import Transport
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
+from bascule.partition.session import FetchSession
 from bascule.wire import envelope, replicate
 from bascule.wire.entry import walked_prefix
 from bascule.wire.pb import internal_pb2
+from bascule.wire.sessions import ParkedItem
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class FollowerLoop:
         settings: FollowerSettings,
         report_leader: ReportLeader,
         start_task: StartTask | None = None,
+        session: FetchSession | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects
@@ -80,6 +83,7 @@ class FollowerLoop:
         self.settings = settings
         self.report_leader = report_leader
         self.start_task = start_task or _unowned_task
+        self.session = session  # to the leader's node: where this loop parks while caught up
         self.leader = replica.leader
         self.leader_epoch = replica.leader_epoch
         self._notified = asyncio.Event()
@@ -168,6 +172,8 @@ class FollowerLoop:
         elif isinstance(action, machine.SetHighWatermark):
             replica.set_high_watermark(action.hw)
         elif isinstance(action, machine.WaitForData):
+            if action.caught_up and self.session is not None:
+                return await self._park(follower, self.session)
             return await self._wait(follower, action.until)
         elif isinstance(action, machine.ReportLeader):
             self._report(action)
@@ -199,6 +205,24 @@ class FollowerLoop:
             return follower.tick(self.replica.clock())
         self._notified.clear()
         return follower.on_notify(self.replica.clock())
+
+    async def _park(self, follower: machine.Follower, session: FetchSession) -> list[machine.Action]:
+        """Caught up: wait in the fetch session for news, a notification, or a failed round."""
+        replica = self.replica
+        parked = session.park(
+            ParkedItem(replica.stream, replica.partition, self.leader_epoch, follower.log_end_offset, follower.hw),
+            self._notified,
+        )
+        try:
+            await self._notified.wait()
+        finally:
+            session.unpark(parked)
+        self._notified.clear()
+        if parked.contact is not None:
+            follower.on_parked_contact(*parked.contact)
+        # After a failed round the machine decides, on its own clock: fetch, and report the leader
+        # once it has been silent for a leader timeout.
+        return follower.tick(replica.clock()) if parked.failed else follower.on_notify(replica.clock())
 
     async def _request(self, subject: str, payload: bytes) -> bytes | None:
         try:

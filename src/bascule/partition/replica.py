@@ -42,6 +42,7 @@ from bascule.partition.replication.leader import (
     StartSync,
     StepDown,
 )
+from bascule.partition.replication.session import has_news
 from bascule.wire.dedup import MESSAGE_ID_HEADER, stored_message_ids, window_key
 from bascule.wire.entry import CorruptEntry, Entry, EntryWalk, Record, WalkedEntry, stored_prefix
 
@@ -421,6 +422,23 @@ class PartitionReplica:
         # a follower asks again for what it was sent, which is what it does when the entry there
         # was damaged. The checked read then raises CorruptEntry and the log records the damage.
         return self.log.read_raw(start, max_bytes, check_crc=asked_again, max_entries=available)
+
+    def serve_parked(
+        self, replica_id: str, log_end_offset: int, follower_hw: int, leader_epoch: int, leader_time: float
+    ) -> bool:
+        """A parked follower's fetch, one item of a fetch session's round: recorded as
+        ``serve_fetch`` records it (the ISR's view, the lease), nothing read. True when the
+        follower must fetch on its own now: news (``has_news``), or a fetch this leadership
+        does not take (another epoch, an unknown replica), which its own fetch will find out."""
+        leadership = self.leadership
+        if leadership is None:
+            return True
+        recorded, actions = self._leader.fetched(replica_id, log_end_offset, leader_epoch, self.clock(), leader_time)
+        self._apply(actions)
+        return not recorded or has_news(
+            log_end_offset, follower_hw, leadership.tracker.leader_log_end, self.high_watermark,
+            self.log.oldest_offset,
+        )
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """The (epoch, exclusive end offset) answer to a follower's leader-epoch query."""

@@ -52,6 +52,9 @@ class MsgType(IntEnum):
     # bascule's own: "not the leader of the epoch you asked": an empty payload, so that a follower
     # retries at once instead of waiting out a request timeout (a deposed or not yet leading node).
     NOT_LEADER = 101
+    # bascule's own: a fetch session's round and its reply (``wire.sessions``).
+    FETCH_SESSION_REQUEST = 102
+    FETCH_SESSION_RESPONSE = 103
 
 
 _KNOWN_TYPES = frozenset(MsgType)

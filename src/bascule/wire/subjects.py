@@ -20,6 +20,10 @@ class Subjects:
         acks of a PublishAsync call, or of a Publish that names no inbox, say they were sent to."""
         return f"{self.namespace}.ack.{token}"
 
+    def fetch_session(self, server_id: str) -> str:
+        """Where a leader node takes the fetch session rounds of every follower node."""
+        return f"{self.namespace}.fetch.{server_id}"
+
     def notify(self, server_id: str) -> str:
         return f"{self.namespace}.notify.{server_id}"
 

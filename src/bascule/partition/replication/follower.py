@@ -41,7 +41,9 @@ next event:
 
 ``IDLE``
     After an empty valid response (caught up) the follower waits for a notification or
-    ``max_idle_wait`` (:class:`WaitForData`); after a dropped response, ``retry_backoff``.
+    ``max_idle_wait`` (:class:`WaitForData`, ``caught_up``); after a dropped response,
+    ``retry_backoff``. A caught-up follower may be parked in a fetch session instead, whose
+    answered rounds count as the leader's contact (:meth:`Follower.on_parked_contact`).
     Replication requests go to a subject that a zombie leader may still answer, so the shell
     should hand the follower every reply it gets for a request until its timeout: a valid reply
     is taken even while IDLE.
@@ -143,9 +145,11 @@ class SetHighWatermark:
 @dataclass(frozen=True, slots=True)
 class WaitForData:
     """Wait for a partition notification (call :meth:`Follower.on_notify`) or until ``until``
-    (call :meth:`Follower.tick`)."""
+    (call :meth:`Follower.tick`). ``caught_up``: after an empty reply, not a back-off: the shell
+    may park the partition in a fetch session instead (see :meth:`Follower.on_parked_contact`)."""
 
     until: float
+    caught_up: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +264,7 @@ class Follower:
             actions = self._update_hw(leader_hw)
             self.state = FollowerState.IDLE
             self._idle_until = now + self.config.max_idle_wait
-            return actions + [WaitForData(self._idle_until)]
+            return actions + [WaitForData(self._idle_until, caught_up=True)]
         first_offset = entries[0][0]
         # Past this log's end: the leader has nothing at this log's end (compaction or retention
         # removed it; neither passes the leader's HW, so a gap above it is no such answer).
@@ -288,6 +292,14 @@ class Follower:
         if self.state is not FollowerState.FETCHING:
             return []
         return self._check_leader(now) + [self._fetch()]
+
+    def on_parked_contact(self, heard_at: float, leader_time: float) -> None:
+        """While parked (IDLE), a fetch session's round carrying this partition was answered at
+        ``heard_at`` with nothing for it: the leader lives, as an empty reply would have said."""
+        if self.state is not FollowerState.IDLE:
+            return
+        self._last_contact = max(self._last_contact, heard_at)
+        self._leader_time = max(self._leader_time, leader_time)
 
     def on_notify(self, now: float) -> list[Action]:
         """The leader announced new data: stop waiting."""

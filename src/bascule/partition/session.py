@@ -1,0 +1,179 @@
+"""Fetch sessions over NATS (or any ``Transport``): one request per round for every caught-up
+partition a follower node shares with a leader node (the rule: ``partition.replication.session``).
+
+A follower loop whose machine is caught up parks here instead of fetching again after its idle
+wait; its ``wake`` event is set when the round brings news for it, when a round fails (its
+machine then takes over: it fetches on its own, and reports a silent leader), or by the leader's
+notification, as before. An idle partition so costs its nodes one item of a round per idle wait,
+instead of a sealed request and reply each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from nats.errors import Error as NatsError
+
+from bascule.natsio.transport import Transport, TransportMessage, TransportSubscription
+from bascule.partition.replica import PartitionReplica
+from bascule.wire import sessions
+from bascule.wire.envelope import EnvelopeError
+from bascule.wire.sessions import ParkedItem
+from bascule.wire.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+# What one round's request may hold beyond its items' streams' names (msgpack and the envelope).
+ROUND_OVERHEAD = 256
+ITEM_OVERHEAD = 48
+
+# Starts a session's rounds under their owner (the server's task group).
+StartTask = Callable[[Coroutine[Any, Any, None], str], object]
+
+
+@dataclass(eq=False)
+class Parked:
+    item: ParkedItem
+    wake: asyncio.Event
+    # (when the follower heard, leader's clock reading) of the newest round answered since it
+    # parked: the leader was alive, as a caught-up fetch reply would have said.
+    contact: tuple[float, float] | None = None
+    failed: bool = False  # a round carrying it went unanswered
+
+
+class FetchSession:
+    """The follower side of one node pair: the partitions parked for one leader node."""
+
+    def __init__(
+        self, nc: Transport, subjects: Subjects, server_id: str, leader: str, interval: float,
+        request_timeout: float, clock: Callable[[], float],
+    ) -> None:
+        self.nc = nc
+        self.subject = subjects.fetch_session(leader)
+        self.server_id = server_id
+        self.leader = leader
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self.clock = clock
+        self._parked: dict[Parked, None] = {}  # in parking order
+        self._contact: tuple[float, float] | None = None
+        self.rounds = 0
+
+    def park(self, item: ParkedItem, wake: asyncio.Event) -> Parked:
+        # The newest contact goes with it: its echo in the next round claims no more than that.
+        parked = Parked(item, wake, self._contact)
+        self._parked[parked] = None
+        return parked
+
+    def unpark(self, parked: Parked) -> None:
+        self._parked.pop(parked, None)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if self._parked:
+                await asyncio.gather(*(self._round(chunk) for chunk in self._chunks()))
+
+    def _chunks(self) -> list[list[Parked]]:
+        budget = self.nc.max_payload - ROUND_OVERHEAD
+        chunks: list[list[Parked]] = [[]]
+        size = 0
+        for parked in self._parked:
+            cost = len(parked.item.stream.encode()) + ITEM_OVERHEAD
+            if chunks[-1] and (size + cost > budget or len(chunks[-1]) == sessions.MAX_ITEMS):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(parked)
+            size += cost
+        return chunks
+
+    async def _round(self, chunk: list[Parked]) -> None:
+        echo = self._contact[1] if self._contact else 0.0
+        request = sessions.encode_round(self.server_id, echo, [parked.item for parked in chunk])
+        try:
+            reply = await self.nc.request(self.subject, request, timeout=self.request_timeout)
+            answer = sessions.decode_reply(reply.data, len(chunk))
+        except (TimeoutError, NatsError, EnvelopeError) as exc:
+            log.debug("fetch session round to %s failed: %r", self.leader, exc)
+            for parked in chunk:
+                parked.failed = True
+                parked.wake.set()
+            return
+        self.rounds += 1
+        contact = (self.clock(), answer.leader_time)
+        if self._contact is None or contact[1] >= self._contact[1]:
+            self._contact = contact
+        for parked in chunk:
+            parked.contact = contact
+        for index in answer.news:
+            chunk[index].wake.set()
+
+
+class FetchSessions:
+    """This node's fetch sessions as a follower, one per leader node, each with its rounds' task."""
+
+    def __init__(
+        self, nc: Transport, subjects: Subjects, server_id: str, interval: float, request_timeout: float,
+        clock: Callable[[], float], start_task: StartTask,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.server_id = server_id
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self.clock = clock
+        self.start_task = start_task
+        self._sessions: dict[str, FetchSession] = {}
+
+    def to(self, leader: str) -> FetchSession:
+        session = self._sessions.get(leader)
+        if session is None:
+            session = self._sessions[leader] = FetchSession(
+                self.nc, self.subjects, self.server_id, leader, self.interval, self.request_timeout, self.clock,
+            )
+            self.start_task(session.run(), f"fetch session to {leader}")
+        return session
+
+
+class SessionEndpoint:
+    """The leader side: answers the rounds of every follower node, item by item."""
+
+    def __init__(
+        self, nc: Transport, subjects: Subjects, server_id: str,
+        replica: Callable[[str, int], PartitionReplica | None], clock: Callable[[], float],
+    ) -> None:
+        self.nc = nc
+        self.subject = subjects.fetch_session(server_id)
+        self.replica = replica
+        self.clock = clock
+        self._subscription: TransportSubscription | None = None
+
+    async def start(self) -> None:
+        self._subscription = await self.nc.subscribe(self.subject, cb=self._on_round)
+
+    async def _on_round(self, msg: TransportMessage) -> None:
+        if not msg.reply:
+            return
+        try:
+            round_ = sessions.decode_round(msg.data)
+        except EnvelopeError as exc:
+            log.warning("dropping malformed fetch session round on %s: %s", msg.subject, exc)
+            return
+        news = [
+            index for index, item in enumerate(round_.items)
+            if self._must_fetch(round_.follower, round_.leader_time, item)
+        ]
+        await self.nc.publish(msg.reply, sessions.encode_reply(self.clock(), news))
+
+    def _must_fetch(self, follower: str, leader_time: float, item: ParkedItem) -> bool:
+        replica = self.replica(item.stream, item.partition)
+        if replica is None:
+            return True
+        replica.fence(item.leader_epoch)
+        if not replica.is_leader or item.leader_epoch != replica.leader_epoch:
+            return True
+        return replica.serve_parked(follower, item.offset, item.hw, item.leader_epoch, leader_time)

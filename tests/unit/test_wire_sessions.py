@@ -1,0 +1,80 @@
+"""A fetch session's round and reply on the wire (bascule.wire.sessions), and the rule that
+decides which parked followers must fetch (bascule.partition.replication.session)."""
+
+import math
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bascule.partition.replication.session import has_news
+from bascule.wire import sessions
+from bascule.wire.envelope import EnvelopeError, MsgType, encode
+from bascule.wire.sessions import ParkedItem
+
+ITEMS = [ParkedItem("orders", 0, 3, 120, 119), ParkedItem("ünïcode.stream", 1023, 0, 0, -1)]
+
+
+def test_a_round_and_its_reply_travel_whole():
+    decoded = sessions.decode_round(sessions.encode_round("node-b", 12.5, ITEMS))
+    assert decoded == sessions.Round("node-b", 12.5, ITEMS)
+    assert sessions.decode_reply(sessions.encode_reply(99.25, [0, 1]), items=2) == sessions.RoundReply(99.25, [0, 1])
+    assert sessions.decode_reply(sessions.encode_reply(0, []), items=0) == sessions.RoundReply(0.0, [])
+
+
+def _round(body) -> bytes:
+    return encode(MsgType.FETCH_SESSION_REQUEST, msgpack.packb(body))
+
+
+@pytest.mark.parametrize("body", [
+    None, [], ["b", 1.0], ["", 1.0, []], [7, 1.0, []], ["b", "x", []], ["b", -1.0, []], ["b", math.inf, []],
+    ["b", math.nan, []], ["b", 1.0, {}], ["b", 1.0, [["s", 0, 1, 2]]], ["b", 1.0, [["s", 0, 1, 2, 3, 4]]],
+    ["b", 1.0, [[b"s", 0, 1, 2, 1]]], ["b", 1.0, [["s", -1, 1, 2, 1]]], ["b", 1.0, [["s", 0, -1, 2, 1]]],
+    ["b", 1.0, [["s", 0, 1, -2, 1]]], ["b", 1.0, [["s", 0, 1, 2, -2]]], ["b", 1.0, [["s", 0, 1.5, 2, 1]]],
+    ["b", 1.0, [["s", True, 1, 2, 1]]], ["b", 1.0, [["s", 0, 1, 2, 1]] * (sessions.MAX_ITEMS + 1)],
+])
+def test_a_malformed_round_is_refused(body):
+    with pytest.raises(EnvelopeError):
+        sessions.decode_round(_round(body))
+
+
+def test_a_round_in_the_wrong_envelope_or_no_msgpack_is_refused():
+    with pytest.raises(EnvelopeError):
+        sessions.decode_round(sessions.encode_reply(1.0, []))
+    with pytest.raises(EnvelopeError):
+        sessions.decode_round(encode(MsgType.FETCH_SESSION_REQUEST, b"\xc1"))
+    with pytest.raises(EnvelopeError):
+        sessions.decode_round(b"not an envelope")
+
+
+@pytest.mark.parametrize("news", [[2], [-1], [1, 0], [0, 0], [0.5], ["0"], [True]])
+def test_a_reply_naming_items_the_round_did_not_have_is_refused(news):
+    with pytest.raises(EnvelopeError):
+        sessions.decode_reply(encode(MsgType.FETCH_SESSION_RESPONSE, msgpack.packb([1.0, news])), items=2)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_is_refused_or_decoded_never_anything_else(data):
+    for decode in (sessions.decode_round, lambda d: sessions.decode_reply(d, 3)):
+        try:
+            decode(data)
+        except EnvelopeError:
+            pass
+        try:
+            decode(_round(data) if decode is sessions.decode_round else encode(MsgType.FETCH_SESSION_RESPONSE, data))
+        except EnvelopeError:
+            pass
+
+
+@pytest.mark.parametrize(("offset", "follower_hw", "leader_end", "leader_hw", "log_start", "news"), [
+    (10, 9, 10, 9, 0, False),  # caught up, HW known
+    (10, 9, 11, 9, 0, True),  # an entry past its end
+    (10, 8, 10, 9, 0, True),  # an HW to take
+    (10, 9, 10, 12, 0, False),  # the leader's HW beyond its end is not its to take
+    (10, 7, 10, 8, 0, True),
+    (10, 9, 10, 9, 11, True),  # the leader's log starts past it: restart there
+    (0, -1, 0, -1, 0, False),  # both empty
+])
+def test_which_parked_follower_must_fetch(offset, follower_hw, leader_end, leader_hw, log_start, news):
+    assert has_news(offset, follower_hw, leader_end, leader_hw, log_start) is news
