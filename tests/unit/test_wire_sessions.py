@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from bascule.partition.replication.session import has_news
 from bascule.wire import sessions
 from bascule.wire.envelope import EnvelopeError, MsgType, encode
+from bascule.wire.pb import internal_pb2
 from bascule.wire.sessions import ParkedItem
 
 ITEMS = [ParkedItem("orders", 0, 3, 120, 119), ParkedItem("ünïcode.stream", 1023, 0, 0, -1)]
@@ -78,3 +79,30 @@ def test_garbage_is_refused_or_decoded_never_anything_else(data):
 ])
 def test_which_parked_follower_must_fetch(offset, follower_hw, leader_end, leader_hw, log_start, news):
     assert has_news(offset, follower_hw, leader_end, leader_hw, log_start) is news
+
+
+def test_notifications_travel_whole_and_the_one_partition_kind_is_still_read():
+    pairs = [("orders", 0), ("ünïcode.stream", 1023)]
+    assert sessions.decode_notifications(sessions.encode_notifications(pairs)) == pairs
+    # What nodes before fetch sessions send (a rolling upgrade): Liftbridge's PartitionNotification.
+    one = encode(MsgType.PARTITION_NOTIFICATION, internal_pb2.PartitionNotification(
+        stream="orders", partition=3).SerializeToString())
+    assert sessions.decode_notifications(one) == [("orders", 3)]
+
+
+@pytest.mark.parametrize("body", [
+    None, {}, [["s"]], [["s", -1]], [["s", 1.0]], [[b"s", 1]], [["s", 1, 2]], [["s", True]],
+    [["s", 0]] * (sessions.MAX_ITEMS + 1),
+])
+def test_malformed_notifications_are_refused(body):
+    with pytest.raises(EnvelopeError):
+        sessions.decode_notifications(encode(MsgType.PARTITION_NOTIFICATIONS, msgpack.packb(body)))
+
+
+@given(st.binary(max_size=100))
+def test_garbage_notifications_are_refused_or_read_never_anything_else(data):
+    for framed in (data, encode(MsgType.PARTITION_NOTIFICATIONS, data), encode(MsgType.PARTITION_NOTIFICATION, data)):
+        try:
+            sessions.decode_notifications(framed)
+        except EnvelopeError:
+            pass

@@ -27,13 +27,14 @@ from bascule.natsio.transport import Transport, TransportMessage
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
-from bascule.partition.leader import LeaderEndpoint, encode_notification
+from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.dedup import DedupLimits
+from bascule.partition.session import FetchSessions, Notifications, SessionEndpoint
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
-from bascule.wire.pb import internal_pb2
+from bascule.wire.sessions import decode_notifications
 from bascule.wire.settings import effective_settings
 from bascule.wire.subjects import Subjects
 
@@ -87,9 +88,25 @@ class Partitions:
         # Leader epochs a replica of this run lost entries under (its fsync failed): handed back, never resumed.
         self._not_resumed: set[tuple[str, int, int]] = set()
         self._recovering: dict[tuple[str, int], int] = {}  # reopened replicas' synced ends, to cut back to
+        clustering = config.clustering
+        self._follower_settings = FollowerSettings(
+            clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
+        )
+        # Caught-up followers fetch no more often than the machine's idle wait: nor do the rounds.
+        self.sessions = FetchSessions(
+            nc, subjects, server_id, self._follower_settings.machine_config().max_idle_wait,
+            self._follower_settings.request_timeout, clock, tasks.start,
+        )
+        self._session_endpoint = SessionEndpoint(nc, subjects, server_id, self._leading_replica, clock)
+        self._notifications = Notifications(nc, subjects, tasks.spawn)
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
+        await self._session_endpoint.start()
+
+    def _leading_replica(self, stream: str, partition: int) -> PartitionReplica | None:
+        local = self._local.get((stream, partition))
+        return None if local is None else local.replica
 
     async def close(self) -> None:
         for key in list(self._local):
@@ -249,12 +266,9 @@ class Partitions:
         if follower is not None:
             await follower.stop()
         local.replica.become_follower(partition.leader, partition.leader_epoch)
-        clustering = self.config.clustering
-        settings = FollowerSettings(
-            clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
-        )
         local.follower = FollowerLoop(
-            self.nc, self.subjects, local.replica, self.server_id, settings, self._report_leader, self.tasks.start,
+            self.nc, self.subjects, local.replica, self.server_id, self._follower_settings, self._report_leader,
+            self.tasks.start, self.sessions.to(partition.leader) if partition.leader else None,
         )
         local.follower.start()
 
@@ -374,7 +388,7 @@ class Partitions:
                             values.problem)
         settings = effective_settings(stream.name, stream.settings, self.config.stream_defaults)
         replica = PartitionReplica(
-            stream.name, partition.id, commit_log, self.sync_policy, self.clock, self._notify_followers,
+            stream.name, partition.id, commit_log, self.sync_policy, self.clock, self._notifications.notify,
             settings.concurrency_control, values, DedupLimits(settings.dedup_window, settings.dedup_max_messages),
         )
         return LocalPartition(replica, partition_subject(stream.subject, partition.id), stream.group)
@@ -412,22 +426,16 @@ class Partitions:
 
     # ---- notifications -----------------------------------------------------------------------
 
-    def _notify_followers(self, replica: PartitionReplica, followers: list[str]) -> None:
-        notification = encode_notification(replica.stream, replica.partition)
-        for follower in followers:
-            self.tasks.spawn(self.nc.publish(self.subjects.notify(follower), notification), "notify")
-
     async def _on_notification(self, msg: TransportMessage) -> None:
         try:
-            note = envelope.decode_message(
-                msg.data, envelope.MsgType.PARTITION_NOTIFICATION, internal_pb2.PartitionNotification
-            )
+            notified = decode_notifications(msg.data)
         except envelope.EnvelopeError as exc:
             log.warning("dropping malformed partition notification: %s", exc)
             return
-        local = self.get(note.stream, note.partition)
-        if local is not None and local.follower is not None:
-            local.follower.notify()
+        for stream, partition in notified:
+            local = self.get(stream, partition)
+            if local is not None and local.follower is not None:
+                local.follower.notify()
 
 
 async def _no_capture(local: LocalPartition, capturing: bool) -> None:

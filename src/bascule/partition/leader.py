@@ -120,9 +120,3 @@ def _decode(msg: TransportMessage, msg_type: envelope.MsgType, message_class: ty
         log.warning("dropping malformed %s on %s: %s", msg_type.name.lower().replace("_", " "), msg.subject, exc)
         return None
 
-
-def encode_notification(stream: str, partition: int) -> bytes:
-    return envelope.encode_message(
-        internal_pb2.PartitionNotification(stream=stream, partition=partition),
-        envelope.MsgType.PARTITION_NOTIFICATION,
-    )

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.errors import Error as NatsError
 
@@ -26,12 +26,14 @@ from bascule.wire.sessions import ParkedItem
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# What one round's request may hold beyond its items' streams' names (msgpack and the envelope).
-ROUND_OVERHEAD = 256
+# What a round or a notification holds beyond its items' streams' names: the envelope, msgpack,
+# the follower id (at most), and each item's integers.
+ROUND_OVERHEAD = 1024
 ITEM_OVERHEAD = 48
 
-# Starts a session's rounds under their owner (the server's task group).
+# Starts a session's rounds under their owner (the server's task group); sends a notification.
 StartTask = Callable[[Coroutine[Any, Any, None], str], object]
 
 
@@ -76,20 +78,9 @@ class FetchSession:
         while True:
             await asyncio.sleep(self.interval)
             if self._parked:
-                await asyncio.gather(*(self._round(chunk) for chunk in self._chunks()))
+                chunks = fitting(list(self._parked), lambda parked: parked.item.stream, self.nc.max_payload)
+                await asyncio.gather(*(self._round(chunk) for chunk in chunks))
 
-    def _chunks(self) -> list[list[Parked]]:
-        budget = self.nc.max_payload - ROUND_OVERHEAD
-        chunks: list[list[Parked]] = [[]]
-        size = 0
-        for parked in self._parked:
-            cost = len(parked.item.stream.encode()) + ITEM_OVERHEAD
-            if chunks[-1] and (size + cost > budget or len(chunks[-1]) == sessions.MAX_ITEMS):
-                chunks.append([])
-                size = 0
-            chunks[-1].append(parked)
-            size += cost
-        return chunks
 
     async def _round(self, chunk: list[Parked]) -> None:
         echo = self._contact[1] if self._contact else 0.0
@@ -177,3 +168,43 @@ class SessionEndpoint:
         if not replica.is_leader or item.leader_epoch != replica.leader_epoch:
             return True
         return replica.serve_parked(follower, item.offset, item.hw, item.leader_epoch, leader_time)
+
+
+class Notifications:
+    """The leader side's wake-ups for waiting followers: every partition notified in one turn of
+    the loop goes to each follower node in one message (chunked to fit one)."""
+
+    def __init__(self, nc: Transport, subjects: Subjects, spawn: StartTask) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.spawn = spawn
+        self._pending: dict[str, dict[tuple[str, int], None]] = {}
+
+    def notify(self, replica: PartitionReplica, followers: list[str]) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._send)
+        for follower in followers:
+            self._pending.setdefault(follower, {})[replica.stream, replica.partition] = None
+
+    def _send(self) -> None:
+        pending, self._pending = self._pending, {}
+        for follower, partitions in pending.items():
+            for chunk in fitting(list(partitions), lambda key: key[0], self.nc.max_payload):
+                notification = sessions.encode_notifications(chunk)
+                self.spawn(self.nc.publish(self.subjects.notify(follower), notification), "notify")
+
+
+def fitting(items: list[T], stream: Callable[[T], str], max_payload: int) -> list[list[T]]:
+    """``items`` in order, cut into runs that each fit one message of ``max_payload`` bytes and
+    ``sessions.MAX_ITEMS`` items."""
+    budget = max_payload - ROUND_OVERHEAD
+    chunks: list[list[T]] = [[]]
+    size = 0
+    for item in items:
+        cost = len(stream(item).encode()) + ITEM_OVERHEAD
+        if chunks[-1] and (size + cost > budget or len(chunks[-1]) == sessions.MAX_ITEMS):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += cost
+    return chunks

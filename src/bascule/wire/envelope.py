@@ -55,6 +55,8 @@ class MsgType(IntEnum):
     # bascule's own: a fetch session's round and its reply (``wire.sessions``).
     FETCH_SESSION_REQUEST = 102
     FETCH_SESSION_RESPONSE = 103
+    # bascule's own: every partition a leader node notified one follower node of in one turn.
+    PARTITION_NOTIFICATIONS = 104
 
 
 _KNOWN_TYPES = frozenset(MsgType)

@@ -1,9 +1,10 @@
-"""A fetch session's round (see ``partition.replication.session``): bascule's own, msgpack in an
-envelope.
+"""A fetch session's round (see ``partition.replication.session``) and a node pair's
+notifications: bascule's own, msgpack in an envelope.
 
 Request (FETCH_SESSION_REQUEST): [follower id, leader time echoed, [[stream, partition, leader
 epoch, log end offset, HW], ...]]. Reply (FETCH_SESSION_RESPONSE): [the leader's clock reading,
-[indexes of the items that must fetch now, ascending]].
+[indexes of the items that must fetch now, ascending]]. Notifications (PARTITION_NOTIFICATIONS):
+[[stream, partition], ...]; Liftbridge's one-partition PARTITION_NOTIFICATION is read too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from bascule.wire.envelope import EnvelopeError, MsgType, decode, encode
+from bascule.wire.envelope import EnvelopeError, MsgType, decode, decode_message, encode
+from bascule.wire.pb import internal_pb2
 
 # Bounds what one round costs a leader: a follower with more parked partitions sends more rounds.
 MAX_ITEMS = 4096
@@ -95,3 +97,21 @@ def _item(raw: Any) -> ParkedItem:
     if partition < 0 or leader_epoch < 0 or offset < 0 or hw < -1:
         raise EnvelopeError("a parked item's partition, epoch, log end and HW are >= 0 (HW >= -1)")
     return ParkedItem(stream, partition, leader_epoch, offset, hw)
+
+
+def encode_notifications(partitions: list[tuple[str, int]]) -> bytes:
+    return encode(MsgType.PARTITION_NOTIFICATIONS, msgpack.packb(partitions))
+
+
+def decode_notifications(data: bytes | memoryview) -> list[tuple[str, int]]:
+    kind, _ = decode(data)
+    if kind == MsgType.PARTITION_NOTIFICATION:
+        one = decode_message(data, kind, internal_pb2.PartitionNotification)
+        return [(one.stream, one.partition)]
+    body = _body(data, MsgType.PARTITION_NOTIFICATIONS)
+    if not isinstance(body, list) or len(body) > MAX_ITEMS:
+        raise EnvelopeError(f"notifications are a list of at most {MAX_ITEMS} [stream, partition] pairs")
+    if not all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int
+               and pair[1] >= 0 for pair in body):
+        raise EnvelopeError("a notification is [stream, partition]")
+    return [(stream, partition) for stream, partition in body]
