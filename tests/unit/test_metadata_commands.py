@@ -35,6 +35,10 @@ PROPOSED = [
     ("join_consumer_group", {"group": "g", "consumer": "c", "streams": ["s"], "coordinator": "a"}),
     ("leave_consumer_group", {"group": "g", "consumer": "c", "expired": True}),
     ("change_group_coordinator", {"group": "g", "coordinator": "b", "previous": "a", "epoch": 5}),
+    ("change_leaders", {"items": [
+        {"name": "s", "partition": 0, "leader": "b", "leader_epoch": 0, "epoch": 3, "isr": ["a", "b"]},
+        {"name": "s", "partition": 1, "leader": "a", "leader_epoch": 2, "epoch": 5, "isr": ["a"]},
+    ]}),
 ]
 
 

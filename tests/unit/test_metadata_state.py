@@ -66,6 +66,52 @@ def test_leader_change_needs_current_epoch_and_isr_member():
     assert stale[0] == FAILED_PRECONDITION and state.partition("s", 0).leader == "b"
 
 
+def _item(partition, leader, leader_epoch, epoch, isr, name="s"):
+    return {"name": name, "partition": partition, "leader": leader, "leader_epoch": leader_epoch, "epoch": epoch,
+            "isr": isr}
+
+
+def test_change_leaders_applies_each_item_on_change_leaders_conditions():
+    """One command elects many partitions; an item that is stale (leader epoch, partition epoch), names
+    a leader outside the ISR or a partition that is gone changes nothing, and the others apply."""
+    state = stream_state(replicas=[("a", "b", "c")] * 6)
+    assert apply(state, "change_leader", name="s", partition=1, leader="b", leader_epoch=0, isr=["b", "c"]) is None
+    assert apply(state, "change_isr", name="s", partition=2, replica="c", add=False, leader="a",
+                 leader_epoch=0, epoch=0) is None
+    before = state.state
+    result = apply(state, "change_leaders", items=[
+        _item(0, "b", 0, 0, ["b", "c"]),  # fresh: applies
+        _item(1, "c", 0, 1, ["c"]),  # stale leader epoch (1 now)
+        _item(2, "c", 0, 0, ["b", "c"]),  # stale partition epoch (the shrink made it 1)
+        _item(3, "c", 0, 0, ["a", "c"]),  # fresh: applies, keeping a
+        _item(4, "d", 0, 0, ["d"]),  # d is not in the ISR
+        _item(0, "b", 0, 0, ["b"], name="gone"),  # no such stream
+    ])
+    assert result is None
+    changed = {p: state.partition("s", p) for p in range(6)}
+    assert (changed[0].leader, changed[0].leader_epoch, changed[0].epoch, changed[0].isr) == ("b", 1, 1, ("b", "c"))
+    assert (changed[3].leader, changed[3].leader_epoch, changed[3].epoch, changed[3].isr) == ("c", 1, 1, ("a", "c"))
+    for untouched in (1, 2, 4, 5):
+        assert changed[untouched] is before.partition("s", untouched)
+    # Exactly what ChangeLeader makes of each item, one at a time.
+    single = Machine()
+    single.state = before
+    apply(single, "change_leader", **_item(0, "b", 0, 0, ["b", "c"]))
+    apply(single, "change_leader", **_item(3, "c", 0, 0, ["a", "c"]))
+    assert {**single.state.snapshot(), "version": 0} == {**state.state.snapshot(), "version": 0}
+
+
+def test_change_leaders_clears_the_unclean_mark_as_change_leader_does():
+    state = stream_state(replicas=[("a", "b", "c")] * 2)
+    apply(state, "register_broker", id="b", host="h", port=1, raft="h:98", incarnation="b2", unclean=True)
+    assert state.partition("s", 0).unclean == ("b",)
+    epoch = state.partition("s", 0).epoch
+    assert apply(state, "change_leaders", items=[_item(0, "b", 0, epoch, ["b", "c"]),
+                                                 _item(1, "c", 0, epoch, ["a", "c"])]) is None
+    assert state.partition("s", 0).unclean == () and state.partition("s", 0).leader_incarnation == "b2"
+    assert state.partition("s", 1).unclean == ()  # b left that ISR
+
+
 def test_isr_change_from_stale_leader_is_rejected():
     state = stream_state()
     apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0, isr=["a", "b", "c"])
@@ -164,6 +210,17 @@ HOSTILE_COMMANDS = [
     {"op": "change_leader", "name": "s", "partition": 0, "leader": "a", "leader_epoch": 0, "isr": "a"},
     {"op": "change_isr", "name": "s", "partition": 0, "replica": "b\n", "add": True, "leader": "a",
      "leader_epoch": 0},
+    {"op": "change_leaders", "items": []},
+    {"op": "change_leaders", "items": [_item(0, "a", 0, 0, ["a"])] * 2},  # one partition twice
+    {"op": "change_leaders", "items": [_item(p % 1024, "a", 0, 0, ["a"], name=f"s{p // 1024}")
+                                       for p in range(1025)]},  # over MAX_BATCH_ITEMS
+    {"op": "change_leaders", "items": [{k: v for k, v in _item(0, "a", 0, 0, ["a"]).items() if k != "epoch"}]},
+    {"op": "change_leaders", "items": [{**_item(0, "a", 0, 0, ["a"]), "extra": 1}]},
+    {"op": "change_leaders", "items": [_item(0, "a", -1, 0, ["a"])]},
+    {"op": "change_leaders", "items": [_item(0, "a", 0, 0, ["a", "a"])]},
+    {"op": "change_leaders", "items": [_item(0, "a.b", 0, 0, ["a"])]},
+    {"op": "change_leaders", "items": ["s/0"]},
+    {"op": "change_leaders", "items": {"0": _item(0, "a", 0, 0, ["a"])}},
     {"op": "register_broker", "id": "x.y", "host": "h", "port": 1, "raft": "h:1"},
     {"op": "register_broker", "id": "x", "host": "h", "port": 99999, "raft": "h:1"},
     {"op": "resume", "name": "s"},
@@ -207,6 +264,16 @@ def test_the_journaled_apply_never_raises_and_is_a_no_op(monkeypatch):
                        "reporter": "b"}),
     ("leader_returned", {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0,
                          "last_epoch": 0, "log_end_offset": -7}),
+    ("report_leaders", {"items": []}),
+    ("report_leaders", {"items": [{"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0,
+                                   "reporter": "b"}] * 2}),
+    ("report_leaders", {"items": [{"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0}]}),
+    ("leaders_returned", {"items": [{"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 0,
+                                     "last_epoch": -2, "log_end_offset": 0}]}),
+    ("change_isrs", {"items": [{"name": "s", "partition": 0, "replica": "b", "add": False, "leader": "a",
+                                "leader_epoch": 0}]}),  # a batch's ISR change names its partition epoch
+    ("change_isrs", {"items": [{"name": "s", "partition": p, "replica": "b", "add": False, "leader": "a",
+                                "leader_epoch": 0, "epoch": 0} for p in range(1024)] * 2}),
     ("explode", {}),
     ("pause", {"name": "s", "partitions": [[0]], "resume_all": False, "at": 1}),
     ("delete_stream", []),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import msgpack
@@ -26,8 +26,11 @@ from bascule.natsio.sealed import SealedNats
 from bascule.natsio.transport import Transport, TransportMessage
 from bascule.wire import envelope
 from bascule.wire.commands import (
+    MAX_BATCH_ITEMS,
     ChangeGroupCoordinator,
+    ChangeIsr,
     ChangeLeader,
+    ChangeLeaders,
     CommandError,
     CreateStream,
     JoinConsumerGroup,
@@ -62,9 +65,14 @@ def _unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-# Positions of a partition's replicas on the given brokers, as many as answer: (stream, partition,
-# brokers) -> {broker: position}.
-GatherPositions = Callable[[str, int, Collection[str]], Awaitable[dict[str, Position]]]
+PartitionKey = tuple[str, int]  # (stream, partition)
+# Positions of partitions' replicas on the given brokers, as many as answer, gathered with one request
+# to each broker for all of them: {(stream, partition): brokers} -> {(stream, partition): {broker: position}}.
+GatherPositions = Callable[[Mapping[PartitionKey, Collection[str]]], Awaitable[dict[PartitionKey, dict[str, Position]]]]
+# What an item of a batched request (``change_isrs``) answers: None when done, else [code, message]; this
+# code says its outcome is unknown (NoMetadataLeader), the others are a MetadataError's.
+OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+MAX_ITEM_MESSAGE = 200  # characters of an item's refusal: a batch's answer stays far below a NATS message
 
 
 class MetadataService:
@@ -84,6 +92,9 @@ class MetadataService:
             election_grace=leader_timeout, return_patience=leader_timeout, leave_memory=leader_timeout
         )
         self._coordinator_reports = CoordinatorReports(coordinator_timeout)
+        # Partitions whose successor is being chosen: a report reaching the quorum again meanwhile
+        # (a reporter's next batch) adds nothing but a stale election.
+        self._electing: set[PartitionKey] = set()
         # Told of each node this leader admits to the Raft group (the node's NATS heartbeats count it as heard).
         self.on_join: Callable[[str], None] = lambda address: None
 
@@ -91,10 +102,11 @@ class MetadataService:
         await self.nc.subscribe(self.subjects.propagate, cb=self._on_propagated)
         await self.nc.subscribe(self.subjects.join, cb=self._on_join)
 
-    async def call(self, op: str, **args: Any) -> None:
+    async def call(self, op: str, **args: Any) -> Any:
         """Run ``op`` on the metadata leader; raises MetadataError or NoMetadataLeader. Once it
         returns, this node's metadata is at least what the leader's was when it answered (bounded
-        by CATCH_UP_WAIT): what a caller changed is what it reads next, here."""
+        by CATCH_UP_WAIT): what a caller changed is what it reads next, here. Returns what the op
+        answers (a batched request's outcome per item; None for the others)."""
         await self._wait_for_leader()
         if self.raft.is_leader:
             return await self._execute(op, args)
@@ -105,7 +117,7 @@ class MetadataService:
             if kind != envelope.MsgType.PROPAGATED_RESPONSE:
                 raise envelope.EnvelopeError(f"unexpected {kind.name}")
             answer = _unpack(payload)
-            error, version = answer.get("error"), answer.get("version", 0)
+            error, version, result = answer.get("error"), answer.get("version", 0), answer.get("result")
             if not isinstance(version, int):
                 raise ValueError(f"a version of {type(version).__name__}")
         except (TimeoutError, NatsError) as exc:
@@ -115,6 +127,7 @@ class MetadataService:
         if error:
             raise MetadataError(*error)
         await self.raft.watch.until(lambda: self.raft.state.version >= version, CATCH_UP_WAIT)
+        return result
 
     async def catch_up(self) -> None:
         """Until this node's metadata is at least what the metadata leader's is now: before a
@@ -153,9 +166,9 @@ class MetadataService:
         except Exception as exc:  # garbage from the network must not reach the handlers
             log.warning("dropping malformed propagated request: %s", exc)
             return
-        error = None
+        error = result = None
         try:
-            await self._execute(op, args)
+            result = await self._execute(op, args)
         except MetadataError as exc:
             error = [exc.code, exc.message]
         except NoMetadataLeader:
@@ -166,13 +179,15 @@ class MetadataService:
             log.exception("propagated %s request failed", op)
             error = ["INTERNAL", f"{op} failed: {exc}"]
         answer = {"error": error, "version": self.raft.state.version}
+        if result is not None:
+            answer["result"] = result
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.PROPAGATED_RESPONSE, _pack(answer)))
 
-    async def _execute(self, op: str, args: dict[str, Any]) -> None:
+    async def _execute(self, op: str, args: dict[str, Any]) -> Any:
         """Run a request here, the metadata leader; whoever sent it, every argument is checked
         before anything is read or proposed."""
         if op == CATCH_UP:
-            return
+            return None
         try:
             validate_request(op, args)
         except CommandError as exc:
@@ -181,8 +196,14 @@ class MetadataService:
             await self._create_stream(**args)
         elif op == "report_leader":
             await self._report_leader(**args)
+        elif op == "report_leaders":
+            await self._report_leaders(args["items"])
         elif op == "leader_returned":
             await self._leader_returned(**args)
+        elif op == "leaders_returned":
+            await self._leaders_returned(args["items"])
+        elif op == "change_isrs":
+            return await self._change_isrs(args["items"])
         elif op == "join_consumer_group":
             await self._join_consumer_group(**args)
         elif op == "report_group_coordinator":
@@ -194,6 +215,7 @@ class MetadataService:
                     (args["name"], args["partition"]), args["replica"], args["leader_epoch"], self.clock()
                 )
             await self.raft.propose(command_from_map({**args, "op": op}))
+        return None
 
     async def _create_stream(
         self, name: str, subject: str, group: str, replication_factor: int, partitions: int,
@@ -219,19 +241,60 @@ class MetadataService:
         the successor is chosen on positions gathered then, from the registered incarnations."""
         view = self._view(stream, partition)
         self._elections.reports.metadata_term(self.raft.term, self.clock())
-        if not self._elections.leader_reported((stream, partition), view, leader, leader_epoch, reporter, self.clock()):
+        if self._elections.leader_reported((stream, partition), view, leader, leader_epoch, reporter, self.clock()):
+            await self._elect_successors({(stream, partition): (leader, leader_epoch, reporter)})
+
+    async def _report_leaders(self, items: list[dict[str, Any]]) -> None:
+        """A node's reports of several partitions (``report_leader``'s items), each counted by the
+        witness rule; the partitions whose leaders now count as failed are elected together: their
+        positions gathered with one request per broker, their elections one command."""
+        self._elections.reports.metadata_term(self.raft.term, self.clock())
+        failed = {}
+        for item in items:
+            key = (item["stream"], item["partition"])
+            view = _partition_view(self.raft.state.partition(*key))
+            if view is None:
+                self._elections.forget(key)
+            elif self._elections.leader_reported(
+                key, view, item["leader"], item["leader_epoch"], item["reporter"], self.clock()
+            ):
+                failed[key] = (item["leader"], item["leader_epoch"], item["reporter"])
+        await self._elect_successors(failed)
+
+    async def _elect_successors(self, failed: Mapping[PartitionKey, tuple[str, int, str]]) -> None:
+        """Elect a successor of each failed (leader, leader epoch, last reporter), on positions
+        gathered now, in one command."""
+        failed = {key: report for key, report in failed.items() if key not in self._electing}
+        if not failed:
             return
-        positions = await self._gather_positions(stream, partition, view.isr - {leader})
-        view = self._view(stream, partition)
-        decision = self._elections.successor(view, leader, leader_epoch, positions)
-        if decision is None:
-            if view.unclean:
-                log.info("%s/%s: leader %s reported by %s; not electing the unclean %s while no clean ISR member "
-                         "answers", stream, partition, leader, reporter, sorted(view.unclean))
-            return
-        log.info("%s/%s: leader %s failed (epoch %d), electing %s", stream, partition, leader, leader_epoch,
-                 decision.leader)
-        await self._propose_election(stream, partition, decision)
+        self._electing.update(failed)
+        try:
+            await self._elect_failed(failed)
+        finally:
+            self._electing.difference_update(failed)
+
+    async def _elect_failed(self, failed: Mapping[PartitionKey, tuple[str, int, str]]) -> None:
+        wanted = {}
+        for key, (leader, _, _) in failed.items():
+            view = _partition_view(self.raft.state.partition(*key))
+            if view is not None:
+                wanted[key] = view.isr - {leader}
+        gathered = await self._gather_positions(wanted)
+        decisions = {}
+        for key, (leader, leader_epoch, reporter) in failed.items():
+            view = _partition_view(self.raft.state.partition(*key))
+            if view is None:
+                self._elections.forget(key)
+                continue
+            decision = self._elections.successor(view, leader, leader_epoch, gathered.get(key, {}))
+            if decision is None:
+                if view.unclean:
+                    log.info("%s/%s: leader %s reported by %s; not electing the unclean %s while no clean ISR "
+                             "member answers", *key, leader, reporter, sorted(view.unclean))
+                continue
+            log.info("%s/%s: leader %s failed (epoch %d), electing %s", *key, leader, leader_epoch, decision.leader)
+            decisions[key] = decision
+        await self._propose_elections(decisions)
 
     async def _leader_returned(
         self, stream: str, partition: int, leader: str, leader_epoch: int, last_epoch: int, log_end_offset: int,
@@ -240,17 +303,66 @@ class MetadataService:
         view = self._view(stream, partition)
         if view.leader != leader or view.leader_epoch != leader_epoch:
             return
-        positions = await self._gather_positions(stream, partition, view.isr - {leader})
-        positions[leader] = Position(last_epoch, log_end_offset)
-        decision = self._elections.leader_returned(
-            (stream, partition), self._view(stream, partition), leader, leader_epoch, positions, self.clock(),
-        )
-        if decision is None:
+        item = {"stream": stream, "partition": partition, "leader": leader, "leader_epoch": leader_epoch,
+                "last_epoch": last_epoch, "log_end_offset": log_end_offset}
+        if not await self._elect_returned([item]):
             unclean = f" (unclean: {sorted(view.unclean)})" if view.unclean else ""
             raise NoMetadataLeader(f"{stream}/{partition}: waiting for the positions of the ISR{unclean}")
-        log.info("%s/%s: leader %s returned (epoch %d), electing %s", stream, partition, leader, leader_epoch,
-                 decision.leader)
-        await self._propose_election(stream, partition, decision)
+
+    async def _leaders_returned(self, items: list[dict[str, Any]]) -> None:
+        """A node's ``leader_returned`` items, elected together (one gathering, one command); those
+        that must wait are asked again by the node."""
+        await self._elect_returned(items)
+
+    async def _elect_returned(self, items: list[dict[str, Any]]) -> set[PartitionKey]:
+        """Elect the partitions of returned leaders that may be elected now; those elected."""
+        returning = {}
+        for item in items:
+            key = (item["stream"], item["partition"])
+            view = _partition_view(self.raft.state.partition(*key))
+            if view is not None and (view.leader, view.leader_epoch) == (item["leader"], item["leader_epoch"]):
+                returning[key] = (item, view.isr - {item["leader"]})
+        if not returning:
+            return set()
+        gathered = await self._gather_positions({key: brokers for key, (_, brokers) in returning.items()})
+        decisions = {}
+        for key, (item, _) in returning.items():
+            view = _partition_view(self.raft.state.partition(*key))
+            if view is None:
+                continue
+            positions = {**gathered.get(key, {}), item["leader"]: Position(item["last_epoch"], item["log_end_offset"])}
+            decision = self._elections.leader_returned(
+                key, view, item["leader"], item["leader_epoch"], positions, self.clock(),
+            )
+            if decision is not None:
+                log.info("%s/%s: leader %s returned (epoch %d), electing %s", *key, item["leader"],
+                         item["leader_epoch"], decision.leader)
+                decisions[key] = decision
+        await self._propose_elections(decisions)
+        return set(decisions)
+
+    async def _change_isrs(self, items: list[dict[str, Any]]) -> list[list[str] | None]:
+        """A leader's ISR changes of several partitions, each its own ``change_isr`` command (each has
+        its own outcome), proposed together; the outcome of each, in order."""
+        now = self.clock()
+        for item in items:
+            if not item["add"]:  # before the outcome, as for a change_isr
+                self._elections.reports.left_isr((item["name"], item["partition"]), item["replica"],
+                                                 item["leader_epoch"], now)
+        outcomes = await asyncio.gather(
+            *(self.raft.propose(ChangeIsr(**item)) for item in items), return_exceptions=True
+        )
+        answers: list[list[str] | None] = []
+        for outcome in outcomes:
+            if outcome is None:
+                answers.append(None)
+            elif isinstance(outcome, MetadataError):
+                answers.append([outcome.code, outcome.message[:MAX_ITEM_MESSAGE]])
+            elif isinstance(outcome, NoMetadataLeader):
+                answers.append([OUTCOME_UNKNOWN, str(outcome)[:MAX_ITEM_MESSAGE]])
+            else:
+                raise outcome
+        return answers
 
     async def _join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> None:
         """Liftbridge: the group's coordinator is chosen when a join creates it, here, so that
@@ -300,12 +412,36 @@ class MetadataService:
             raise MetadataError(NOT_FOUND, "no such partition")
         return view
 
-    async def _propose_election(self, stream: str, partition: int, decision: Elect) -> None:
-        await self.raft.propose(ChangeLeader(
-            name=stream, partition=partition, leader=decision.leader, leader_epoch=decision.leader_epoch,
-            epoch=decision.epoch, isr=list(decision.isr),
-        ))
-        self._elections.elected((stream, partition), decision.leader_epoch + 1, self.clock())
+    async def _propose_elections(self, decisions: Mapping[PartitionKey, Elect]) -> None:
+        """One command for the elections (a ChangeLeader for one, ChangeLeaders for more, in commands of
+        at most MAX_BATCH_ITEMS); each elected partition starts its grace period. An item the metadata
+        refused when it applied (stale: the partition moved meanwhile) changed nothing."""
+        keys = list(decisions)
+        if len(keys) == 1:
+            [key] = keys
+            decision = decisions[key]
+            await self.raft.propose(ChangeLeader(
+                name=key[0], partition=key[1], leader=decision.leader, leader_epoch=decision.leader_epoch,
+                epoch=decision.epoch, isr=list(decision.isr),
+            ))
+            self._elections.elected(key, decision.leader_epoch + 1, self.clock())
+            return
+        for start in range(0, len(keys), MAX_BATCH_ITEMS):
+            chunk = keys[start:start + MAX_BATCH_ITEMS]
+            log.info("proposing %d elections in one command", len(chunk))
+            await self.raft.propose(ChangeLeaders(items=[
+                {"name": key[0], "partition": key[1], "leader": decisions[key].leader,
+                 "leader_epoch": decisions[key].leader_epoch, "epoch": decisions[key].epoch,
+                 "isr": list(decisions[key].isr)}
+                for key in chunk
+            ]))
+            state, now = self.raft.state, self.clock()
+            for key in chunk:
+                found = state.partition(*key)
+                decision = decisions[key]
+                if found is not None and (found.leader, found.leader_epoch) == (decision.leader,
+                                                                                decision.leader_epoch + 1):
+                    self._elections.elected(key, decision.leader_epoch + 1, now)
 
     async def _on_join(self, msg: TransportMessage) -> None:
         if not self.raft.is_leader or not msg.reply:

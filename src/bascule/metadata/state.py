@@ -24,6 +24,7 @@ from bascule.wire.commands import (
     ChangeGroupCoordinator,
     ChangeIsr,
     ChangeLeader,
+    ChangeLeaders,
     Command,
     CreateStream,
     DeleteStream,
@@ -267,22 +268,43 @@ class MetadataState:
         return self._with_partitions(c.name, changed), None
 
     def _change_leader(self, c: ChangeLeader) -> Change:
-        p = self.partition(c.name, c.partition)
+        changed = self._elected(self.partition(c.name, c.partition), c)
+        if not isinstance(changed, Partition):
+            return self, changed
+        return self._with_partitions(c.name, [changed]), None
+
+    def _elected(self, p: Partition | None, c: ChangeLeader) -> Partition | tuple[str, str]:
+        """Partition ``p`` with ``c``'s leader, or why ``c`` is refused."""
         if p is None:
-            return self, (NOT_FOUND, "no such partition")
+            return NOT_FOUND, "no such partition"
         if c.leader_epoch != p.leader_epoch:
-            return self, (FAILED_PRECONDITION, f"stale leader epoch {c.leader_epoch}, current {p.leader_epoch}")
+            return FAILED_PRECONDITION, f"stale leader epoch {c.leader_epoch}, current {p.leader_epoch}"
         if c.epoch is not None and c.epoch != p.epoch:
-            return self, (FAILED_PRECONDITION, f"stale partition epoch {c.epoch}, current {p.epoch}")
+            return FAILED_PRECONDITION, f"stale partition epoch {c.epoch}, current {p.epoch}"
         if c.leader not in p.isr:
-            return self, (FAILED_PRECONDITION, f"{c.leader} is not in the ISR")
+            return FAILED_PRECONDITION, f"{c.leader} is not in the ISR"
         # The new leader's log is the partition's from now on: it has nothing to catch up with.
-        changed = replace(
+        return replace(
             p, leader=c.leader, leader_incarnation=self._incarnation(c.leader),
             isr=tuple(r for r in p.replicas if r in c.isr), leader_epoch=p.leader_epoch + 1, epoch=p.epoch + 1,
             unclean=tuple(r for r in p.unclean if r in c.isr and r != c.leader),
         )
-        return self._with_partitions(c.name, [changed]), None
+
+    def _change_leaders(self, c: ChangeLeaders) -> Change:
+        """Each item as ``_change_leader`` applies it, in order: one whose partition is gone, or whose
+        leader epoch, partition epoch or leader no longer fits, changes nothing; the others apply.
+        Each stream is replaced once, however many of its partitions change."""
+        changed: dict[str, dict[int, Partition]] = {}
+        for change in c.changes():
+            partitions = changed.get(change.name, {})
+            elected = self._elected(partitions.get(change.partition) or self.partition(change.name, change.partition),
+                                    change)
+            if isinstance(elected, Partition):
+                changed.setdefault(change.name, {})[change.partition] = elected
+        state = self
+        for name, partitions in changed.items():
+            state = state._with_partitions(name, list(partitions.values()))
+        return state, None
 
     def _change_isr(self, c: ChangeIsr) -> Change:
         p = self.partition(c.name, c.partition)
@@ -417,6 +439,7 @@ _RULES: dict[str, Callable[[MetadataState, Any], Change]] = {
     Resume.OP: MetadataState._resume,
     SetReadonly.OP: MetadataState._set_readonly,
     ChangeLeader.OP: MetadataState._change_leader,
+    ChangeLeaders.OP: MetadataState._change_leaders,
     ChangeIsr.OP: MetadataState._change_isr,
     ActivityPublished.OP: MetadataState._activity_published,
     MarkUnclean.OP: MetadataState._mark_unclean,

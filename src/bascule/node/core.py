@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
 
 from bascule.config import Config
 from bascule.metadata.election import Position
@@ -84,12 +83,20 @@ class NodeCore:
             except NoMetadataLeader:
                 await asyncio.sleep(REGISTRATION_RETRY)
 
-    async def _gather_positions(self, stream: str, partition: int, brokers: Any) -> dict[str, Position]:
+    async def _gather_positions(
+        self, wanted: Mapping[tuple[str, int], Collection[str]]
+    ) -> dict[tuple[str, int], dict[str, Position]]:
+        """The positions of each partition's replicas on its brokers, as many as answer: one request,
+        answered once by every broker for all of its replicas."""
+        brokers = set().union(*wanted.values()) if wanted else set()
         if not brokers:
             return {}
-        reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT, set(brokers))
-        key = f"{stream}/{partition}"
-        return {
-            broker: Position(report[key][2], report[key][0])
-            for broker, report in reports.items() if broker in brokers and key in report
-        }
+        reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT, brokers)
+        positions: dict[tuple[str, int], dict[str, Position]] = {}
+        for (stream, partition), asked in wanted.items():
+            name = f"{stream}/{partition}"
+            positions[stream, partition] = {
+                broker: Position(report[name][2], report[name][0])
+                for broker, report in reports.items() if broker in asked and name in report
+            }
+        return positions

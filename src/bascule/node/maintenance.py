@@ -17,6 +17,7 @@ from bascule.metadata.service import MetadataService
 from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import GatherReports, move_leadership
 from bascule.node.partitions import LocalPartition, Partitions
+from bascule.node.reports import MetadataBatches
 from bascule.node.tasks import Tasks
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication.leader import IsrOutcome, IsrRequest
@@ -48,6 +49,8 @@ class Maintenance:
         self.partitions = partitions
         self.tasks = tasks
         self._cleaning = CleanerSchedule()
+        # The leaders' ISR changes go in batches (node.reports): one request per pass, not one per partition.
+        self.batches = MetadataBatches(metadata.call, lambda: metadata.nc.max_payload, tasks.spawn)
 
     def start(self) -> None:
         jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
@@ -125,9 +128,9 @@ class Maintenance:
                  "adding" if add else "removing", replica_id, "to" if add else "from")
         outcome = IsrOutcome.UNKNOWN
         try:
-            await self.metadata.call(
-                "change_isr", name=replica.stream, partition=replica.partition, replica=replica_id,
-                add=add, leader=self.server_id, leader_epoch=request.leader_epoch, epoch=request.partition_epoch,
+            await self.batches.change_isr(
+                replica.stream, replica.partition, replica_id, add, self.server_id, request.leader_epoch,
+                request.partition_epoch,
             )
             outcome = IsrOutcome.ACCEPTED
         except MetadataError as exc:

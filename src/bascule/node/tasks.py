@@ -30,7 +30,11 @@ class Tasks:
         if self.closing:
             work.close()
             return None
-        task = self._group.create_task(work, name=name)
+        try:
+            task = self._group.create_task(work, name=name)
+        except RuntimeError:  # the group is shutting down: its owner was cancelled (a node killed in the simulator)
+            work.close()
+            return None
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         return task
@@ -41,7 +45,9 @@ class Tasks:
             work.close()  # closing the wrapper below would leave ``work`` never awaited
             return None
         task = self.start(self._logged(work, name), name)
-        if task is not None:
+        if task is None:
+            work.close()
+        else:
             # A task cancelled before its first step (the node stopping) never awaits ``work``.
             task.add_done_callback(lambda _: work.close())
         return task

@@ -108,6 +108,48 @@ def _replica_sets(value: Any) -> str | None:
     return problem
 
 
+def _record(schema: dict[str, Check]) -> Check:
+    """A map with exactly ``schema``'s fields, each passing its check."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return f"expected map, got {value!r}"
+        for field, field_check in schema.items():
+            if field not in value:
+                return f"{field}: missing"
+            problem = field_check(value[field])
+            if problem:
+                return f"{field}: {problem}"
+        extra = set(value) - set(schema)
+        return f"unexpected fields {sorted(map(str, extra))}" if extra else None
+
+    return check
+
+
+# The most items one batched command or request carries (a node's reports, the metadata leader's
+# elections): a batch of more is sent as several. Far below what fills a NATS message
+# (1 MiB by default) for the longest names (items of under 600 bytes); the senders also cut
+# batches at the transport's max_payload.
+MAX_BATCH_ITEMS = 1024
+
+
+def _batch_of(item: Check, key: tuple[str, ...]) -> Check:
+    """A non-empty list of at most MAX_BATCH_ITEMS ``item``s, no two with the same ``key`` fields
+    (one partition once)."""
+    items = _list_of(item, MAX_BATCH_ITEMS)
+
+    def check(value: Any) -> str | None:
+        problem = items(value)
+        if problem:
+            return problem
+        if not value:
+            return "no items"
+        keys = [tuple(element[k] for k in key) for element in value]
+        return "partitions repeat" if len(set(keys)) != len(keys) else None
+
+    return check
+
+
 _CHECK = "check"
 _OPTIONAL = "optional"
 
@@ -188,6 +230,25 @@ class ChangeLeader:
     isr: list[str] = _required(_ISR)
 
 
+# A ChangeLeader's fields, every one required (no journal has a batch without partition epochs).
+_LEADER_CHANGE = {
+    "name": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, "epoch": _EPOCH, "isr": _ISR,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeLeaders:
+    """Several elections in one command (a failed node's partitions): each item has a ChangeLeader's
+    fields and applies on exactly its conditions; an item whose conditions no longer hold is a no-op,
+    the others apply."""
+
+    OP: ClassVar[str] = "change_leaders"
+    items: list[dict[str, Any]] = _required(_batch_of(_record(_LEADER_CHANGE), ("name", "partition")))
+
+    def changes(self) -> list[ChangeLeader]:
+        return [ChangeLeader(**item) for item in self.items]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChangeIsr:
     OP: ClassVar[str] = "change_isr"
@@ -244,12 +305,14 @@ class ChangeGroupCoordinator:
 Command = (
     RegisterBroker | CreateStream | DeleteStream | Pause | Resume | SetReadonly | ChangeLeader | ChangeIsr
     | ActivityPublished | MarkUnclean | JoinConsumerGroup | LeaveConsumerGroup | ChangeGroupCoordinator
+    | ChangeLeaders
 )
 
 COMMANDS: dict[str, type[Command]] = {
     kind.OP: kind for kind in (
         RegisterBroker, CreateStream, DeleteStream, Pause, Resume, SetReadonly, ChangeLeader, ChangeIsr,
         ActivityPublished, MarkUnclean, JoinConsumerGroup, LeaveConsumerGroup, ChangeGroupCoordinator,
+        ChangeLeaders,
     )
 }
 
@@ -267,8 +330,17 @@ OPTIONAL: dict[str, dict[str, Check]] = {op: _checks(kind, optional=True) for op
 
 _POSITION = {"last_epoch": _integer(-1, _MAX_INT64), "log_end_offset": _integer(0, _MAX_INT64)}
 
+_REPORT_LEADER = {
+    "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, "reporter": _BROKER,
+}
+_LEADER_RETURNED = {
+    "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, **_POSITION,
+}
+_ISR_CHANGE = {**SCHEMAS[ChangeIsr.OP], "epoch": _EPOCH}
+
 # Requests that the metadata leader decides on before it proposes a command (forwarded over
-# NATS by other nodes): request -> {argument: check}, every argument required.
+# NATS by other nodes): request -> {argument: check}, every argument required. The plural ones
+# are a node's batches (bascule.node.reports): items of the singular one, one partition once.
 REQUESTS: dict[str, dict[str, Check]] = {
     "create_stream": {
         "name": _NAME,  # the nodes create the internal streams this way; the API refuses them to users
@@ -278,13 +350,13 @@ REQUESTS: dict[str, dict[str, Check]] = {
         "partitions": _integer(0, MAX_PARTITIONS),
         "settings": settings_error,
     },
-    "report_leader": {
-        "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH,
-        "reporter": _BROKER,
-    },
-    "leader_returned": {
-        "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, **_POSITION,
-    },
+    "report_leader": _REPORT_LEADER,
+    "report_leaders": {"items": _batch_of(_record(_REPORT_LEADER), ("stream", "partition"))},
+    "leader_returned": _LEADER_RETURNED,
+    "leaders_returned": {"items": _batch_of(_record(_LEADER_RETURNED), ("stream", "partition"))},
+    # Several ISR changes of one leader's partitions, each proposed as its own change_isr (so each
+    # has its own outcome); one change per partition and replica.
+    "change_isrs": {"items": _batch_of(_record(_ISR_CHANGE), ("name", "partition", "replica"))},
     "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams},
     "report_group_coordinator": {**_GROUP_MEMBER, "coordinator": _BROKER, "epoch": _EPOCH},
 }

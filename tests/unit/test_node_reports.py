@@ -1,0 +1,121 @@
+"""A node's batched requests to the metadata leader (bascule.node.reports): what goes in one batch,
+what each caller hears, and the bounds of a batch."""
+
+import asyncio
+
+import pytest
+
+from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.metadata.service import OUTCOME_UNKNOWN
+from bascule.node.reports import Batcher, MetadataBatches
+
+pytestmark = pytest.mark.anyio
+
+
+def spawn(work, name):
+    return asyncio.ensure_future(work)
+
+
+class Recorder:
+    """A send that records each batch and answers each item with its "n", or fails."""
+
+    def __init__(self, fail=None):
+        self.batches = []
+        self.fail = fail
+
+    async def __call__(self, items):
+        self.batches.append(list(items))
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        return [item["n"] * 10 for item in items]
+
+
+async def test_requests_within_the_window_go_as_one_batch_and_each_hears_its_own_outcome():
+    send = Recorder()
+    batcher = Batcher("t", send, spawn, lambda: 10**6, window=0.01)
+    outcomes = await asyncio.gather(*(batcher.submit({"n": n}) for n in range(50)))
+    assert outcomes == [n * 10 for n in range(50)]
+    assert [len(batch) for batch in send.batches] == [50]
+    # A request after the batch went starts the next one.
+    assert await batcher.submit({"n": 7}) == 70
+    assert [len(batch) for batch in send.batches] == [50, 1]
+
+
+async def test_a_request_withdrawn_before_its_batch_goes_leaves_it():
+    send = Recorder()
+    batcher = Batcher("t", send, spawn, lambda: 10**6, window=0.05)
+    kept = asyncio.ensure_future(batcher.submit({"n": 1}))
+    withdrawn = asyncio.ensure_future(batcher.submit({"n": 2}))
+    await asyncio.sleep(0.01)
+    withdrawn.cancel()
+    assert await kept == 10
+    assert send.batches == [[{"n": 1}]]
+
+
+async def test_batches_are_cut_at_the_item_limit_and_at_the_byte_limit():
+    send = Recorder()
+    by_count = Batcher("t", send, spawn, lambda: 10**6, window=0.01, max_items=4)
+    await asyncio.gather(*(by_count.submit({"n": n}) for n in range(10)))
+    assert [len(batch) for batch in send.batches] == [4, 4, 2]
+    send.batches.clear()
+    by_bytes = Batcher("t", send, spawn, lambda: 100, window=0.01)
+    await asyncio.gather(*(by_bytes.submit({"n": n, "pad": "x" * 30}) for n in range(10)))
+    assert [len(batch) for batch in send.batches] == [2] * 5
+
+
+async def test_a_failed_batch_fails_every_request_in_it():
+    batcher = Batcher("t", Recorder(fail=NoMetadataLeader("none")), spawn, lambda: 10**6, window=0.01)
+    outcomes = await asyncio.gather(*(batcher.submit({"n": n}) for n in range(3)), return_exceptions=True)
+    assert all(isinstance(o, NoMetadataLeader) for o in outcomes)
+
+
+async def test_a_closing_node_sends_nothing():
+    send = Recorder()
+    batcher = Batcher("t", send, lambda work, name: work.close(), lambda: 10**6, window=0.01)
+    with pytest.raises(NoMetadataLeader):
+        await batcher.submit({"n": 1})
+    assert send.batches == []
+
+
+async def test_each_kind_goes_as_its_plural_request_and_isr_outcomes_come_back_per_item():
+    calls = []
+
+    async def call(op, **args):
+        calls.append((op, args))
+        if op == "change_isrs":
+            return [None, ["FAILED_PRECONDITION", "ISR change refused: stale leader"], [OUTCOME_UNKNOWN, "lost"]]
+        return None
+
+    batches = MetadataBatches(call, lambda: 1024 * 1024, spawn, window=0.01)
+    await asyncio.gather(
+        batches.report_leader("s", 0, "a", 3, "b"), batches.report_leader("s", 1, "a", 3, "b"),
+        batches.leader_returned("s", 2, "b", 4, 3, 10),
+    )
+    assert calls == [
+        ("report_leaders", {"items": [
+            {"stream": "s", "partition": 0, "leader": "a", "leader_epoch": 3, "reporter": "b"},
+            {"stream": "s", "partition": 1, "leader": "a", "leader_epoch": 3, "reporter": "b"},
+        ]}),
+        ("leaders_returned", {"items": [
+            {"stream": "s", "partition": 2, "leader": "b", "leader_epoch": 4, "last_epoch": 3, "log_end_offset": 10},
+        ]}),
+    ]
+    outcomes = await asyncio.gather(
+        *(batches.change_isr("s", p, "c", False, "a", 3, 7) for p in range(3)), return_exceptions=True,
+    )
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], MetadataError) and outcomes[1].code == "FAILED_PRECONDITION"
+    assert isinstance(outcomes[2], NoMetadataLeader)
+    assert calls[-1][0] == "change_isrs" and [item["partition"] for item in calls[-1][1]["items"]] == [0, 1, 2]
+
+
+async def test_an_isr_answer_of_the_wrong_length_is_no_outcome():
+    async def call(op, **args):
+        return [None]
+
+    batches = MetadataBatches(call, lambda: 1024 * 1024, spawn, window=0.01)
+    outcomes = await asyncio.gather(
+        *(batches.change_isr("s", p, "c", False, "a", 3, 7) for p in range(2)), return_exceptions=True,
+    )
+    assert all(isinstance(o, NoMetadataLeader) for o in outcomes)
