@@ -24,6 +24,7 @@ from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.service import MetadataService
 from bascule.metadata.state import MetadataState, Partition, Stream
 from bascule.natsio.transport import Transport, TransportMessage
+from bascule.node.reports import MetadataBatches
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
 from bascule.partition.follower import FollowerLoop, FollowerSettings
@@ -78,6 +79,8 @@ class Partitions:
         self.tasks = tasks
         self.master_key = master_key
         self.sync_policy = SyncPolicy.parse(config.streams.sync)
+        # Reports of silent leaders, returns and ISR changes, each kind sent in batches (node.reports).
+        self.batches = MetadataBatches(metadata.call, lambda: nc.max_payload, tasks.spawn)
         self.switch_capture: CaptureSwitch = _no_capture
         self._local: dict[tuple[str, int], LocalPartition] = {}
         self._reconcile_scheduled = False
@@ -300,9 +303,8 @@ class Partitions:
                     continue
                 last_epoch, log_end_offset = replica.position()
                 try:
-                    await self.metadata.call(
-                        "leader_returned", stream=stream, partition=partition, leader=self.server_id,
-                        leader_epoch=leader_epoch, last_epoch=last_epoch, log_end_offset=log_end_offset,
+                    await self.batches.leader_returned(
+                        stream, partition, self.server_id, leader_epoch, last_epoch, log_end_offset,
                     )
                 except (MetadataError, NoMetadataLeader) as exc:
                     log.info("%s/%s: election after return not done yet: %s", stream, partition, exc)
@@ -329,10 +331,7 @@ class Partitions:
         log.warning("%s/%s: leader %s (epoch %d) is silent, reporting it",
                     replica.stream, replica.partition, leader, leader_epoch)
         try:
-            await self.metadata.call(
-                "report_leader", stream=replica.stream, partition=replica.partition, leader=leader,
-                leader_epoch=leader_epoch, reporter=self.server_id,
-            )
+            await self.batches.report_leader(replica.stream, replica.partition, leader, leader_epoch, self.server_id)
         except (MetadataError, NoMetadataLeader) as exc:
             log.warning("leader report for %s/%s failed: %s", replica.stream, replica.partition, exc)
 
