@@ -14,6 +14,7 @@ from bascule.config import Config
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.service import MetadataService
+from bascule.metadata.state import MetadataState
 from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import GatherReports, move_leadership
 from bascule.node.partitions import LocalPartition, Partitions
@@ -51,6 +52,8 @@ class Maintenance:
         self._cleaning = CleanerSchedule()
         # The leaders' ISR changes go in batches (node.reports): one request per pass, not one per partition.
         self.batches = MetadataBatches(metadata.call, lambda: metadata.nc.max_payload, tasks.spawn)
+        self._settings_of: MetadataState | None = None
+        self._stream_settings: dict[str, EffectiveSettings] = {}
 
     def start(self) -> None:
         jobs: list[tuple[float, Callable[[], Awaitable[None]]]] = [
@@ -105,9 +108,18 @@ class Maintenance:
         return self._settings(stream_name).compacted
 
     def _settings(self, stream_name: str) -> EffectiveSettings:
-        stream = self.raft.state.streams.get(stream_name)
-        return effective_settings(stream_name, stream.settings if stream is not None else {},
-                                  self.config.stream_defaults)
+        # Each job walks every partition every second: a stream's settings are worked out once
+        # per metadata state (an immutable value, replaced by every command), not per partition.
+        state = self.raft.state
+        if state is not self._settings_of:
+            self._settings_of, self._stream_settings = state, {}
+        found = self._stream_settings.get(stream_name)
+        if found is None:
+            stream = state.streams.get(stream_name)
+            found = self._stream_settings[stream_name] = effective_settings(
+                stream_name, stream.settings if stream is not None else {}, self.config.stream_defaults
+            )
+        return found
 
     async def _sync_partitions(self) -> None:
         for local in self.partitions.all():
