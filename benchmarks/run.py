@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scale-nodes", type=int, default=None, help="nodes in scale (default max(3, replicas))")
     parser.add_argument("--scale-publishers", type=int, default=2, help="publisher processes in scale (default 2)")
     parser.add_argument("--idle-partitions", type=int, default=100, help="idle partitions for the RSS figure")
+    parser.add_argument("--acked-variants", default="",
+                        help="acked_r3's bascule variants to run, comma-separated (default all: grpc, nats, "
+                             "node_grpc, raw_grpc, raw_grpc_ids, grpc_floor), e.g. raw_grpc,raw_grpc_ids")
     parser.add_argument("--stall-timeout", type=float, default=30.0,
                         help="fail a trial when nothing progresses for this many seconds (default 30)")
     parser.add_argument("--profile", metavar="DIR",

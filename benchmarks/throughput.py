@@ -178,10 +178,17 @@ async def _acked_jetstream(ctx: Context, replicas: int, scenario: str, sync_alwa
         return await run_trials(ctx, scenario, JETSTREAM, trial)
 
 
+ACKED_R3_VARIANTS = ("grpc", "nats", "node_grpc", "raw_grpc", "raw_grpc_ids")
+
+
 async def run_acked_r3(ctx: Context, system: str) -> list[dict[str, Any]]:
+    chosen = [name for name in getattr(ctx.args, "acked_variants", "").split(",") if name]
+    unknown = set(chosen) - {*ACKED_R3_VARIANTS, "grpc_floor"}
+    if unknown:
+        raise SystemExit(f"--acked-variants: no variant {', '.join(sorted(unknown))}")
     return await acked_scenario(ctx, system, 3, "acked_r3",
-                                variants=("grpc", "nats", "node_grpc", "raw_grpc", "raw_grpc_ids"),
-                                grpc_floor=True)
+                                variants=[name for name in ACKED_R3_VARIANTS if not chosen or name in chosen],
+                                grpc_floor=not chosen or "grpc_floor" in chosen)
 
 
 async def run_consume_r3(ctx: Context, system: str) -> list[dict[str, Any]]:

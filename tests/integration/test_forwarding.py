@@ -16,6 +16,7 @@ from cluster_checks import create_stream, leader_index, new_leader
 
 from bascule.natsio.sealed import SealedNats
 from bascule.testing.local import LocalCluster
+from bascule.wire.dedup import MESSAGE_ID_HEADER
 from bascule.wire.forwarding import ErrorKind, decode_reply, encode_entry, encode_header, forward_subject
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 from bascule.wire.seal import Sealer, derive_key
@@ -155,6 +156,39 @@ async def test_a_forwarded_publish_async_burst_is_acked_as_a_direct_one(cluster:
     messages = await stored(leader, stream, 2 * count)
     assert {m.offset: m.value.decode() for m in messages if m.offset in offsets} == offsets
     assert sorted(m.value for m in messages) == sorted(f"{p}{i}".encode() for p in "df" for i in range(count))
+
+
+async def test_publish_async_message_ids_are_kept_whichever_way_a_request_goes(cluster: LocalCluster) -> None:
+    """A request whose one header is its id has it taken out before it is decoded (api.publish): it
+    is stored with it appended here, forwarded, or held while its partition resumes; a copy of an id
+    is acked with the first one's offset and not stored again."""
+    stream, leader, follower = await new_stream(cluster)
+
+    def requests(path: str) -> list[api_pb2.PublishRequest]:
+        headers: list[dict[str, bytes]] = [
+            {MESSAGE_ID_HEADER: f"{path}-a".encode()}, {}, {MESSAGE_ID_HEADER: f"{path}-b".encode(), "h": b"v"},
+            {MESSAGE_ID_HEADER: f"{path}-a".encode()},  # a copy of the first
+        ]
+        return [request(stream, f"{path}{i}".encode(), ALL, f"{path}{i}", headers=h) for i, h in enumerate(headers)]
+
+    offsets: dict[str, int] = {}
+    for address, path in ((leader, "d"), (follower, "f"), (leader, "p")):
+        if path == "p":  # paused: the first request resumes it, the others wait behind it
+            async with grpc.aio.insecure_channel(leader) as channel:
+                await api_pb2_grpc.APIStub(channel).PauseStream(api_pb2.PauseStreamRequest(name=stream), timeout=10)
+        answers = await publish_async(address, requests(path), 4)
+        assert not [r for r in answers if r.HasField("asyncError")], path
+        offsets.update({r.correlationId: r.ack.offset for r in answers})
+        assert offsets[f"{path}3"] == offsets[f"{path}0"]
+    messages = await stored(leader, stream, 9)
+    assert sorted(m.value for m in messages) == sorted(f"{path}{i}".encode() for path in "dfp" for i in range(3))
+    for message in messages:
+        path, i = message.value.decode()
+        assert message.offset == offsets[message.value.decode()]
+        assert message.headers.get(MESSAGE_ID_HEADER) == {"0": f"{path}-a".encode(), "1": None,
+                                                         "2": f"{path}-b".encode()}[i]
+        assert message.headers.get("h") == (b"v" if i == "2" else None)
+        assert message.headers["subject"] == f"{stream}.in".encode()
 
 
 async def test_forwarded_expected_offsets_are_checked_as_direct_ones(cluster: LocalCluster) -> None:

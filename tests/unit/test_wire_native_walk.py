@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import crc32c
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bascule.h2grpc.messages import MessageReader
-from bascule.wire import capture, entry, envelope
+from bascule.wire import capture, dedup, entry, envelope
 from bascule.wire.dedup import MESSAGE_ID_HEADER, message_id
 from bascule.wire.entry import Record, consecutive_prefix, encode_entries, intact_prefix_python
 from bascule.wire.messages import MessageEncoder
@@ -258,3 +259,90 @@ def test_capture_batch_in_c_refuses_what_is_not_a_burst_of_deliveries():
             capture.capture_batch([garbage])
     with pytest.raises(TypeError, match="slots"):
         native.capture_records([], dict, capture.stored_headers, capture._record_from_envelope, envelope.MAGIC)
+
+
+# --- a PublishAsync request's id (wire.dedup.split_message_id) ------------------------------------
+
+_ID_HEADERS = st.dictionaries(st.sampled_from([MESSAGE_ID_HEADER, "h", "nats-msg-id"]), st.binary(max_size=200),
+                              max_size=2) | st.builds(lambda raw: {MESSAGE_ID_HEADER: raw}, st.binary(max_size=300))
+publish_requests = st.builds(
+    api_pb2.PublishRequest, key=st.binary(max_size=5), value=st.binary(max_size=40), stream=st.text(max_size=8),
+    partition=st.integers(-5, 5), correlationId=st.text(max_size=8), ackPolicy=st.sampled_from([0, 1, 2]),
+    expectedOffset=st.integers(-(2**63), 2**63 - 1), headers=_ID_HEADERS,
+)
+
+
+def garbled(request: api_pb2.PublishRequest, flips: list[tuple[int, int]], cut: int | None) -> bytes:
+    data = bytearray(request.SerializeToString())
+    for at, mask in flips:
+        if data:
+            data[at % len(data)] ^= mask
+    if cut is not None:
+        del data[cut % (len(data) + 1):]
+    return bytes(data)
+
+
+def outcome(call):
+    try:
+        return call()
+    except DecodeError:
+        return "DecodeError"
+
+
+@settings(max_examples=400)
+@given(request=publish_requests, flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=3),
+       cut=st.integers(0, 10_000) | st.none())
+def test_the_id_split_in_c_is_the_python_one_for_requests_whole_or_garbled(request, flips, cut):
+    for data in (request.SerializeToString(), garbled(request, flips, cut)):
+        assert native.split_message_id(data) == dedup.split_message_id_python(data)
+        decode = api_pb2.PublishRequest.FromString
+        assert outcome(lambda: native.decode_with_id(decode, data)) == \
+            outcome(lambda: dedup.decode_with_id_python(decode, data))  # noqa: B023
+
+
+@settings(max_examples=400)
+@given(data=st.binary(max_size=400))
+def test_the_id_split_in_c_is_the_python_one_for_random_bytes(data):
+    assert native.split_message_id(data) == dedup.split_message_id_python(data)
+    assert native.split_message_id(b"\x2a\x13" + data) == dedup.split_message_id_python(b"\x2a\x13" + data)
+
+
+def test_the_id_split_in_c_takes_only_bytes_and_passes_decoding_errors_on():
+    with pytest.raises(TypeError):
+        native.split_message_id(bytearray(b"\x2a\x00"))
+    with pytest.raises(TypeError):
+        native.decode_with_id(api_pb2.PublishRequest.FromString)
+    data = api_pb2.PublishRequest(headers={MESSAGE_ID_HEADER: b"i"}).SerializeToString()
+
+    def refuse(_: bytes) -> None:
+        raise DecodeError("no")
+
+    for call in (native.decode_with_id, dedup.decode_with_id_python):
+        with pytest.raises(DecodeError):
+            call(refuse, data)
+        with pytest.raises(DecodeError):
+            call(refuse, b"")
+
+
+@given(value=st.binary(max_size=300), key=st.none() | st.binary(max_size=5), raw_id=st.binary(min_size=1, max_size=300),
+       subject=st.text(max_size=40), reply=st.text(max_size=10))
+def test_a_record_with_an_id_in_c_is_the_python_one_and_encodes_alike(value, key, raw_id, subject, reply):
+    shared, block = capture.stored_headers(subject, reply)
+    made = native.record_with_id(Record, value, key, raw_id, shared, block)
+    expected = dedup.record_with_id_python(Record, value, key, raw_id, shared, block)
+    assert type(made) is Record and made == expected
+    assert encode_entries(0, 1, [made], 5)[0] == entry.encode_entries_python(0, 1, [expected], 5)[0]
+
+
+def test_a_record_with_an_id_in_c_refuses_what_is_not_an_id_beside_shared_headers():
+    shared, block = capture.stored_headers("s", "")
+    for bad in [("not bytes", shared, block), (b"i", [], block), (b"i", shared, b"\x00"), (b"i", shared, "s")]:
+        with pytest.raises(TypeError):
+            native.record_with_id(Record, b"v", None, *bad)
+    with pytest.raises(TypeError):
+        native.record_with_id(dict, b"v", None, b"i", shared, block)
+    with pytest.raises(TypeError):
+        native.record_with_id(Record, b"v")
+    full = struct.pack(">H", 0xFFFF) + block[2:]
+    with pytest.raises(ValueError):
+        native.record_with_id(Record, b"v", None, b"i", shared, full)

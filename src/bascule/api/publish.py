@@ -24,7 +24,14 @@ from bascule.metadata.state import MetadataState
 from bascule.partition.replica import NotLeader
 from bascule.partition.replication.concurrency import IncorrectOffset
 from bascule.wire import capture
-from bascule.wire.dedup import MESSAGE_ID_HEADER, headers_with_id, message_ids
+from bascule.wire.dedup import (
+    MESSAGE_ID_HEADER,
+    decode_with_id,
+    headers_with_id,
+    message_id_field_size,
+    message_ids,
+    record_with_id,
+)
 from bascule.wire.entry import Record
 from bascule.wire.forwarding import Unforwarded
 from bascule.wire.names import partition_subject, publish_subject_error, subject_matches
@@ -322,6 +329,19 @@ def _record_sharing(request: api_pb2.PublishRequest, shared: dict[str, bytes], b
     return None
 
 
+# A PublishAsync request and its message id, taken out of its headers when it is the only one
+# (``wire.dedup.split_message_id``: protobuf's map is most of what an id costs to read), else None.
+_decode_taking_id = functools.partial(decode_with_id, api_pb2.PublishRequest.FromString)
+# Ids up to this long add this much and their length to a request's size (message_id_field_size).
+_SHORT_ID, _SHORT_ID_FIELD = 112, message_id_field_size(b"")
+
+
+def _with_id(request: api_pb2.PublishRequest, message_id: bytes) -> api_pb2.PublishRequest:
+    """``request`` with the message id ``_decode_taking_id`` took out of it back as its one header."""
+    request.headers[MESSAGE_ID_HEADER] = message_id
+    return request
+
+
 def _expected_offsets(local: LedPartition, requests: list[api_pb2.PublishRequest]) -> list[int] | None:
     """What the requests expect, for a partition that checks it (the others need not know)."""
     return [request.expectedOffset for request in requests] if local.replica.concurrency_control else None
@@ -393,7 +413,7 @@ class _AsyncCall:
 
     async def read(self, request_iterator: Any) -> None:
         try:
-            while requests := await request_iterator.batch():
+            while requests := await request_iterator.batch(_decode_taking_id):
                 self.outstanding += len(requests)
                 self.take(requests)
         finally:
@@ -403,18 +423,22 @@ class _AsyncCall:
         for task in self.slow:
             task.cancel()
 
-    def take(self, requests: list[api_pb2.PublishRequest]) -> None:
+    def take(self, requests: list[tuple[api_pb2.PublishRequest, bytes | None]]) -> None:
         """Route each request: most are plain appends to a partition this node leads, which go
         into the burst here without the general path's checks (headers, ackInbox, resuming).
         What is asked of the partition is asked once per run of requests to it (nothing changes
-        while this runs: no await)."""
+        while this runs: no await). A request comes with the message id taken out of its headers
+        (``_decode_taking_id``), or None; it gets it back wherever it goes but into the burst."""
         rpcs, resuming, limit = self.rpcs, self.resuming, self.rpcs.publishing.max_message_bytes
         forward_limit = rpcs.publishing.max_forwarded_bytes
         checked = rpcs.authorization is not None
         key: tuple[str, int] | None = None
         lane: _Lane | None = None
         run: _Run | None = None  # the burst's run of the lane's partition, if this node appends or forwards it
-        for request in requests:
+        for request, message_id in requests:
+            if message_id is not None and resuming:  # held back, or maybe: as it came
+                request = _with_id(request, message_id)
+                message_id = None
             if request.ackInbox:  # acked on the call, as Liftbridge acks a PublishAsync: no NATS way round
                 request.ClearField("ackInbox")
             refusal = rpcs._denial(request, self.context) if checked else None
@@ -432,12 +456,15 @@ class _AsyncCall:
             except PublishError as error:
                 stale = error.async_code in MAYBE_STALE and self.caught_up_at < rpcs.cluster.state.version
                 if refusal is None and stale:
-                    resuming[key] = [request]
+                    resuming[key] = [request if message_id is None else _with_id(request, message_id)]
                     self._spawn(self._catch_up_then_take(key))
                     key = None  # asked again: requests after this one are held back
                     continue
                 self.refuse(request, error)
                 continue
+            if message_id is not None and (lane.paused or run is None or run.local is None):
+                request = _with_id(request, message_id)
+                message_id = None
             if lane.paused:
                 resuming[key] = [request]
                 self._spawn(self._resume_then_publish(request))
@@ -457,12 +484,23 @@ class _AsyncCall:
                     self.refuse(request, error)
                     continue
                 run.requests.append(request)
+            elif message_id is None:
+                if ((request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
+                        and request.ByteSize() <= limit and (record := _plain_record(request, lane)) is not None):
+                    run.records.append(record)
+                    run.requests.append(request)
+                else:
+                    self.publish(request)
+                    key = None  # the burst's last run may have changed
             elif ((request.ackPolicy != capture.NONE or not run.local.replica.concurrency_control)
-                  and request.ByteSize() <= limit and (record := _plain_record(request, lane)) is not None):
-                run.records.append(record)
-                run.requests.append(request)
+                  and lane.header_block is not None and request.ByteSize() + (
+                      _SHORT_ID_FIELD + len(message_id) if len(message_id) <= _SHORT_ID
+                      else message_id_field_size(message_id)) <= limit):
+                run.records.append(record_with_id(Record, request.value, request.key or None, message_id,
+                                                  lane.headers, lane.header_block))
+                run.requests.append(request)  # its id stays out of its headers: only acks read it from now on
             else:
-                self.publish(request)
+                self.publish(_with_id(request, message_id))
                 key = None  # the burst's last run may have changed
 
     def _run_of(self, lane: _Lane) -> _Run | None:
@@ -524,7 +562,8 @@ class _AsyncCall:
             self.resuming.pop(key)
             raise
         self.caught_up_at = self.rpcs.cluster.state.version
-        self.take(self.resuming.pop(key))  # no await in between: requests read later come after these
+        # No await in between: requests read later come after these.
+        self.take([(request, None) for request in self.resuming.pop(key)])
 
     async def _resume_then_publish(self, first: api_pb2.PublishRequest) -> None:
         """Resume a paused partition, then publish the requests held back for it meanwhile, in the

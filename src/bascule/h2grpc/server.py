@@ -140,14 +140,16 @@ class _Requests:
             self._connection.consumed(self._call, flow_size)
         return _decode(self._call.method, data)
 
-    async def batch(self) -> list[Any]:
+    async def batch(self, decode: Callable[[bytes], Any] | None = None) -> list[Any]:
         """The requests received and not yet read (at most MAX_REQUEST_BATCH), waiting for one if
         there is none; [] once the client has sent its last. A handler that takes requests in bulk
         (PublishAsync) saves a step of the iterator per request. A request that cannot be decoded
-        ends the batch before it, and the next batch raises its error, as iterating would."""
+        ends the batch before it, and the next batch raises its error, as iterating would.
+        ``decode``: what the handler makes of a request's bytes instead of the method's decoding
+        (raising DecodeError as it would)."""
         if not await self._received():
             return []
-        call, decode = self._call, self._call.method.decode
+        call, decode = self._call, decode or self._call.method.decode
         inbox, flow = call.inbox, 0
         requests: list[Any] = []
         while inbox and len(requests) < MAX_REQUEST_BATCH:

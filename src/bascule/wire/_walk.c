@@ -641,7 +641,7 @@ static const char message_id_header[] = "Nats-Msg-Id";
  * (their count raised by one), without encoding them again. */
 static int with_id(PyObject *id, PyObject *shared, PyObject *shared_block, PyObject **headers, PyObject **block) {
     if (!PyDict_Check(shared) || !PyBytes_CheckExact(shared_block) || PyBytes_GET_SIZE(shared_block) < 2) {
-        PyErr_SetString(PyExc_TypeError, "headers_of did not return (headers dict, header block bytes)");
+        PyErr_SetString(PyExc_TypeError, "the shared headers are not (headers dict, header block bytes)");
         return -1;
     }
     const unsigned char *old = (const unsigned char *)PyBytes_AS_STRING(shared_block);
@@ -885,6 +885,158 @@ fail:
     return NULL;
 }
 
+/* ---- a PublishRequest's message id, before protobuf reads it -------------------------------- */
+
+/* The varint at *position (at most 10 bytes, before end, below 2**64) in *value; 0 when there is none. */
+static int read_varint(const unsigned char *data, size_t *position, size_t end, uint64_t *value) {
+    uint64_t result = 0;
+    for (unsigned shift = 0; *position < end && shift < 70; shift += 7) {
+        unsigned char byte = data[(*position)++];
+        if (shift == 63 && (byte & 0x7F) > 1)
+            return 0; /* 2**64 or more */
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *value = result;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#define PUBLISH_HEADERS_FIELD 5
+/* A map entry as protobuf writes it: key (field 1) "Nats-Msg-Id", then value (field 2)'s tag. */
+static const unsigned char id_entry_head[] = "\x0a\x0bNats-Msg-Id\x12";
+#define ID_ENTRY_HEAD_LENGTH (sizeof(id_entry_head) - 1)
+
+/* Where a PublishRequest's one header, a non-empty Nats-Msg-Id, sits in its bytes: the field from
+ * *start to *end, the id from *value (*length bytes); 0 when it has no such header (see
+ * wire.dedup.split_message_id_python, the reference). */
+static int find_message_id(const unsigned char *data, size_t size, size_t *start, size_t *end, size_t *value,
+                           size_t *length) {
+    size_t position = 0, entry = 0;
+    int found = 0;
+    while (position < size) {
+        size_t field_start = position;
+        uint64_t tag, number, skipped;
+        if (!read_varint(data, &position, size, &tag) || tag >= ((uint64_t)1 << 32) || tag >> 3 == 0)
+            return 0;
+        number = tag >> 3;
+        switch (tag & 7) {
+        case 0:
+            if (!read_varint(data, &position, size, &skipped))
+                return 0;
+            break;
+        case 1:
+        case 5:
+            if (size - position < ((tag & 7) == 1 ? 8u : 4u))
+                return 0;
+            position += (tag & 7) == 1 ? 8 : 4;
+            break;
+        case 2:
+            if (!read_varint(data, &position, size, &skipped) || skipped > size - position)
+                return 0;
+            if (number == PUBLISH_HEADERS_FIELD) {
+                if (found)
+                    return 0;
+                found = 1;
+                *start = field_start;
+                entry = position;
+                *end = position + (size_t)skipped;
+            }
+            position += (size_t)skipped;
+            break;
+        default: /* groups (deprecated), or no wire type at all */
+            return 0;
+        }
+        if (number == PUBLISH_HEADERS_FIELD && (tag & 7) != 2)
+            return 0;
+    }
+    if (!found || *end - entry < ID_ENTRY_HEAD_LENGTH || memcmp(data + entry, id_entry_head, ID_ENTRY_HEAD_LENGTH))
+        return 0;
+    uint64_t id_length;
+    *value = entry + ID_ENTRY_HEAD_LENGTH;
+    if (!read_varint(data, value, *end, &id_length) || id_length == 0 || id_length != *end - *value)
+        return 0;
+    *length = (size_t)id_length;
+    return 1;
+}
+
+/* New references: in *rest the bytes without the id's field, in *id the id. */
+static int split_at(const unsigned char *data, size_t size, size_t start, size_t end, size_t value, size_t length,
+                    PyObject **rest, PyObject **id) {
+    *rest = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size - (end - start)));
+    if (!*rest)
+        return -1;
+    memcpy(PyBytes_AS_STRING(*rest), data, start);
+    memcpy(PyBytes_AS_STRING(*rest) + start, data + end, size - end);
+    if (!(*id = PyBytes_FromStringAndSize((const char *)data + value, (Py_ssize_t)length))) {
+        Py_CLEAR(*rest);
+        return -1;
+    }
+    return 0;
+}
+
+/* split_message_id(data) -> (data without its id's header, id) or None: wire.dedup.split_message_id. */
+static PyObject *split_message_id(PyObject *self, PyObject *arg) {
+    if (!PyBytes_Check(arg))
+        return PyErr_SetString(PyExc_TypeError, "split_message_id takes bytes"), NULL;
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(arg);
+    size_t size = (size_t)PyBytes_GET_SIZE(arg), start, end, value, length;
+    PyObject *rest, *id;
+    if (!find_message_id(data, size, &start, &end, &value, &length))
+        Py_RETURN_NONE;
+    if (split_at(data, size, start, end, value, length, &rest, &id) < 0)
+        return NULL;
+    return Py_BuildValue("NN", rest, id);
+}
+
+/* decode_with_id(decode, data) -> (decode(data without its id's header), id), or (decode(data), None):
+ * wire.dedup.decode_with_id_python. */
+static PyObject *decode_with_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[1]))
+        return PyErr_SetString(PyExc_TypeError, "decode_with_id takes (decode, bytes)"), NULL;
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    size_t size = (size_t)PyBytes_GET_SIZE(args[1]), start, end, value, length;
+    PyObject *rest = NULL, *id = NULL, *decoded;
+    if (!find_message_id(data, size, &start, &end, &value, &length)) {
+        if (!(decoded = PyObject_CallOneArg(args[0], args[1])))
+            return NULL;
+        return Py_BuildValue("NO", decoded, Py_None);
+    }
+    if (split_at(data, size, start, end, value, length, &rest, &id) < 0)
+        return NULL;
+    decoded = PyObject_CallOneArg(args[0], rest);
+    Py_DECREF(rest);
+    if (!decoded) {
+        Py_DECREF(id);
+        return NULL;
+    }
+    return Py_BuildValue("NN", decoded, id);
+}
+
+/* record_with_id(record_type, value, key, id, shared, block) -> Record: wire.dedup.record_with_id_python,
+ * a record whose headers are the id's and the shared ones, and its block the shared one with the
+ * id's header in front (see with_id). */
+static PyObject *record_with_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6)
+        return PyErr_SetString(PyExc_TypeError, "record_with_id takes 6 arguments"), NULL;
+    if (learn_record_type(args[0]) < 0)
+        return NULL;
+    if (!PyBytes_CheckExact(args[3]))
+        return PyErr_SetString(PyExc_TypeError, "a message id is bytes"), NULL;
+    PyObject *headers, *block;
+    if (with_id(args[3], args[4], args[5], &headers, &block) < 0)
+        return NULL;
+    PyObject *record = new_record(args[1], headers, block);
+    Py_DECREF(headers);
+    Py_DECREF(block);
+    if (record && args[2] != Py_None) {
+        PyObject **key = (PyObject **)((char *)record + record_offsets[1]);
+        Py_SETREF(*key, Py_NewRef(args[2]));
+    }
+    return record;
+}
+
 /* crc32c(data, value=0): the crc32c package's function, for the tests that hold this one to it. */
 static PyObject *crc32c(PyObject *self, PyObject *args) {
     Py_buffer buf;
@@ -914,6 +1066,11 @@ static PyMethodDef methods[] = {
     {"encode_entries", encode_entries, METH_VARARGS, "(entries of the records, what scan() yields of them)."},
     {"capture_records", capture_records, METH_VARARGS, "(records, acks, ids) of a burst of captured messages."},
     {"publish_responses", publish_responses, METH_VARARGS, "gRPC-framed PublishResponses acking records."},
+    {"split_message_id", split_message_id, METH_O, "(request bytes without their id's header, id), or None."},
+    {"decode_with_id", (PyCFunction)(void (*)(void))decode_with_id, METH_FASTCALL,
+     "(a request decoded without its id's header, id), or (the request, None)."},
+    {"record_with_id", (PyCFunction)(void (*)(void))record_with_id, METH_FASTCALL,
+     "A Record with a message id in front of the shared headers."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C of data, continuing from value."},
     {"use_sse42", set_sse42, METH_VARARGS, "Run the CRC on SSE 4.2's instruction (where it has it) or not."},
     {NULL, NULL, 0, NULL},

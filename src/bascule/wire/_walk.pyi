@@ -1,5 +1,8 @@
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 def intact_prefix(
     buf: bytes | memoryview, first_offset: int, max_entries: int, check_crc: bool, /
@@ -27,3 +30,9 @@ def capture_records(
     envelope_record: Callable[[bytes, str, dict[str, bytes], bytes, bytes | None], tuple[Any, Any]], magic: bytes, /,
 ) -> tuple[list[Any], list[tuple[int, Any]], list[bytes | None] | None]: ...
 def publish_responses(first_offset: int, indices: list[int], correlation_ids: list[str], shared: bytes, /) -> bytes: ...
+def split_message_id(data: bytes, /) -> tuple[bytes, bytes] | None: ...
+def decode_with_id(decode: Callable[[bytes], _T], data: bytes, /) -> tuple[_T, bytes | None]: ...
+def record_with_id(
+    record_type: type[_R], value: bytes, key: bytes | None, message_id: bytes, shared: dict[str, bytes],
+    block: bytes, /,
+) -> _R: ...

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
-from bascule.wire.entry import Record, decode_header_block, header_blocks_holding
+from bascule.wire.entry import Record, decode_header_block, header_blocks_holding, native
+
+_Decoded = TypeVar("_Decoded")
 
 MESSAGE_ID_HEADER = "Nats-Msg-Id"
 # An id longer than this is remembered by its SHA-256: the window's memory per id stays bounded
@@ -69,6 +72,117 @@ def stored_message_ids(buf: bytes) -> Iterator[tuple[int, int, bytes]]:
             value = decode_header_block(block, offset).get(MESSAGE_ID_HEADER, b"")
         if value:
             yield offset, timestamp, value
+
+
+# --- a PublishRequest's id, before protobuf reads it ------------------------------------------
+# A map field costs upb a map per message (a third of a PublishRequest's decoding) and every look
+# into it more: a request whose one header is its id has that header taken out of its bytes
+# first, and the rest decoded as a request without headers.
+
+_PUBLISH_HEADERS_FIELD = 5  # PublishRequest.headers, map<string, bytes>
+_LENGTH_DELIMITED = 2
+# A map entry as protobuf writes it: key (field 1) "Nats-Msg-Id", then value (field 2)'s tag.
+_ID_ENTRY_HEAD = b"\x0a" + bytes([len(_ID_NAME_BYTES)]) + _ID_NAME_BYTES + b"\x12"
+_MAX_TAG = 1 << 32  # upb reads no tag above 32 bits
+
+
+def split_message_id(data: bytes) -> tuple[bytes, bytes] | None:
+    """(the request's bytes without its id's header, the id) when ``data``, a PublishRequest's
+    protobuf bytes, holds exactly one header (field 5) and it is a non-empty ``Nats-Msg-Id`` written
+    as protobuf writes a map entry (key, then value, nothing else); None otherwise, and for bytes
+    whose fields it cannot walk (protobuf then reads them, or says why not). Decoding what it
+    leaves and putting the id back as the one header gives what decoding ``data`` gives. In C when
+    built."""
+    if native is not None:
+        return native.split_message_id(data)
+    return split_message_id_python(data)
+
+
+def split_message_id_python(data: bytes) -> tuple[bytes, bytes] | None:
+    """``split_message_id`` as a Python loop: the C function's reference."""
+    size, position, found = len(data), 0, None
+    while position < size:
+        start = position
+        tag, position = _varint(data, position, size)
+        if tag < 0 or tag >= _MAX_TAG or tag >> 3 == 0:
+            return None
+        wire_type = tag & 7
+        if wire_type == 0:
+            _, position = _varint(data, position, size)
+            if position < 0:
+                return None
+        elif wire_type == 1 or wire_type == 5:
+            position += 8 if wire_type == 1 else 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, position = _varint(data, position, size)
+            if length < 0 or length > size - position:
+                return None
+            if tag >> 3 == _PUBLISH_HEADERS_FIELD:
+                if found is not None:
+                    return None
+                found = (start, position, position + length)
+            position += length
+        else:  # groups (deprecated), or no wire type at all
+            return None
+        if position > size or (tag >> 3 == _PUBLISH_HEADERS_FIELD and wire_type != _LENGTH_DELIMITED):
+            return None
+    if found is None:
+        return None
+    start, entry, end = found
+    head_end = entry + len(_ID_ENTRY_HEAD)
+    if data[entry:head_end] != _ID_ENTRY_HEAD:
+        return None
+    length, value = _varint(data, head_end, end)
+    if length <= 0 or length != end - value:
+        return None
+    return data[:start] + data[end:], data[value:end]
+
+
+def decode_with_id_python(decode: Callable[[bytes], _Decoded], data: bytes) -> tuple[_Decoded, bytes | None]:
+    """(``decode`` of ``data`` without its id's header, the id) when ``split_message_id`` finds it,
+    else (``decode(data)``, None): the C function's reference."""
+    split = split_message_id_python(data)
+    if split is None:
+        return decode(data), None
+    return decode(split[0]), split[1]
+
+
+def record_with_id_python(record_type: type[Record], value: bytes, key: bytes | None, message_id: bytes,
+                          shared: dict[str, bytes], block: bytes) -> Record:
+    """The record of a message whose one own header is ``message_id``, beside ``shared`` (encoded
+    as ``block``: see ``headers_with_id``): the C function's reference."""
+    headers, with_id = headers_with_id(message_id, shared, block)
+    return record_type(value, key, headers, 0, with_id)
+
+
+# What the API decodes a PublishAsync request with, as decode_with_id(decode, data), and builds
+# its record with: in C when built.
+decode_with_id = native.decode_with_id if native is not None else decode_with_id_python
+record_with_id = native.record_with_id if native is not None else record_with_id_python
+
+
+def _varint(data: bytes, position: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at ``position``, at most 10 bytes before ``end``
+    and below 2**64; (-1, -1) when there is none."""
+    value = shift = 0
+    while position < end and shift < 70:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value, position) if value < 1 << 64 else (-1, -1)
+        shift += 7
+    return -1, -1
+
+
+def message_id_field_size(message_id: bytes) -> int:
+    """The bytes a header holding only ``message_id`` adds to a PublishRequest (its ByteSize)."""
+    entry = len(_ID_ENTRY_HEAD) + _varint_size(len(message_id)) + len(message_id)
+    return 1 + _varint_size(entry) + entry
+
+
+def _varint_size(number: int) -> int:
+    return max(1, (number.bit_length() + 6) // 7)
 
 
 def window_key(message_id: bytes) -> bytes:
