@@ -3,6 +3,8 @@
 Tokens are strings; ``Log`` plays the log by answering each Append with ``appended``.
 """
 
+from hypothesis import given
+from hypothesis import strategies as st
 from test_replication_leader_writes import TIMEOUT, Log, acked, failed
 
 from bascule.partition.log.epochs import EpochHistory
@@ -33,6 +35,29 @@ def test_the_window_s_memory_stays_within_twice_its_count():
         assert len(window._offsets) <= 2 * 100 + 10 and len(window._runs) <= 11
     assert window.offset_of(b"9899") is None and window.offset_of(b"9900") == 9900
     assert window.holds_any([b"1", b"9999"]) and not window.holds_any([b"1", b"2", None])
+
+
+_IDS = st.lists(st.none() | st.sampled_from([b"a", b"b", b"c", b"d"]), max_size=6)
+
+
+@given(st.lists(_IDS, max_size=5), _IDS)
+def test_runs_remembered_and_checked_at_once_are_ids_one_at_a_time(runs, keys):
+    """remember_run and holds_any (C loops over the run) against remember and offset_of per id."""
+    together, alone = DedupWindow(DedupLimits(120.0, 6)), DedupWindow(DedupLimits(120.0, 6))
+    first = 0
+    for run in runs:
+        together.remember_run(first, run, 1.0)
+        for offset, key in enumerate(run, first):
+            if key is not None:
+                alone.remember(key, offset, 1.0)
+        first += len(run)
+        together.expire(first, 1.0)
+        alone.expire(first, 1.0)
+    for key in (b"a", b"b", b"c", b"d"):
+        assert together.offset_of(key) == alone.offset_of(key)
+    given = [key for key in keys if key is not None]
+    expected = len(set(given)) < len(given) or any(alone.offset_of(key) is not None for key in given)
+    assert together.holds_any(keys) == expected
 
 
 def test_the_window_forgets_ids_older_than_its_age():

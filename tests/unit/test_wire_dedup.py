@@ -19,6 +19,7 @@ from bascule.wire.dedup import (
     split_message_id_python,
     stored_message_ids,
     window_key,
+    window_keys,
 )
 from bascule.wire.entry import Record, decode_entries, encode_entries, encode_headers
 from bascule.wire.pb import api_pb2
@@ -194,3 +195,10 @@ def test_a_record_with_an_id_is_the_one_headers_with_id_makes(value, key, raw_id
     record = record_with_id_python(Record, value, key, raw_id, shared, block)
     headers, with_id = headers_with_id(raw_id, shared, block)
     assert record == Record(value, key, headers, 0, with_id)
+
+
+@given(st.lists(st.none() | st.binary(max_size=70), max_size=6))
+def test_window_keys_are_each_ids_window_key(ids):
+    assert list(window_keys(ids)) == [None if key is None else window_key(key) for key in ids]
+    if all(key is None or len(key) <= 64 for key in ids):
+        assert window_keys(ids) is ids  # nothing to digest: no copy

@@ -43,7 +43,7 @@ from bascule.partition.replication.leader import (
     StepDown,
 )
 from bascule.partition.replication.session import has_news
-from bascule.wire.dedup import MESSAGE_ID_HEADER, stored_message_ids, window_key
+from bascule.wire.dedup import MESSAGE_ID_HEADER, stored_message_ids, window_key, window_keys
 from bascule.wire.entry import CorruptEntry, Entry, EntryWalk, Record, WalkedEntry, stored_prefix
 
 
@@ -304,7 +304,7 @@ class PartitionReplica:
         leader = self._leader
         if leader.leadership is None:
             raise NotLeader(f"not the leader of {self.stream}/{self.partition}")
-        leader.submit(records, on_written, expected, ids and [None if key is None else window_key(key) for key in ids])
+        leader.submit(records, on_written, expected, ids and window_keys(ids))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             if linger:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from bascule.wire.entry import Record, decode_header_block, header_blocks_holding, native
@@ -183,6 +183,14 @@ def message_id_field_size(message_id: bytes) -> int:
 
 def _varint_size(number: int) -> int:
     return max(1, (number.bit_length() + 6) // 7)
+
+
+def window_keys(ids: Sequence[bytes | None]) -> Sequence[bytes | None]:
+    """``window_key`` of each id (None: none): ``ids`` itself when every one is kept as it is (the
+    usual case, found without a Python step per id)."""
+    if max(map(len, filter(None, ids)), default=0) <= MAX_KEPT_ID_BYTES:
+        return ids
+    return [None if key is None else window_key(key) for key in ids]
 
 
 def window_key(message_id: bytes) -> bytes:

@@ -47,9 +47,10 @@ class DedupWindow:
 
     def holds_any(self, keys: list[bytes | None]) -> bool:
         """Whether one of ``keys`` (None: no id) is in the window, or there twice."""
-        given = [key for key in keys if key is not None]
-        distinct = set(given)
-        if len(distinct) < len(given):
+        distinct, nones = set(keys), keys.count(None)  # C loops: no Python step per id
+        if nones:
+            distinct.discard(None)
+        if len(distinct) < len(keys) - nones:
             return True
         if self._offsets.keys().isdisjoint(distinct):
             return False
@@ -58,10 +59,12 @@ class DedupWindow:
     def remember_run(self, first_offset: int, keys: list[bytes | None], written: float) -> None:
         """``remember`` for messages written one per offset from ``first_offset``, with these ids
         (None: no id)."""
-        if None in keys:
-            pairs = [(key, offset) for offset, key in enumerate(keys, first_offset) if key is not None]
-        else:
-            pairs = list(zip(keys, range(first_offset, first_offset + len(keys))))  # type: ignore[arg-type]
+        if None not in keys:  # the usual case: every message has an id
+            if keys:
+                self._offsets.update(zip(keys, range(first_offset, first_offset + len(keys))))  # type: ignore[arg-type]
+                self._runs.append((first_offset, written))
+            return
+        pairs = [(key, offset) for offset, key in enumerate(keys, first_offset) if key is not None]
         if pairs:
             self._offsets.update(pairs)
             self._runs.append((pairs[0][1], written))
