@@ -54,7 +54,7 @@ class DedupWindow:
             return True
         if self._offsets.keys().isdisjoint(distinct):
             return False
-        return any(self.offset_of(key) is not None for key in distinct)
+        return any(key is not None and self.offset_of(key) is not None for key in distinct)
 
     def remember_run(self, first_offset: int, keys: list[bytes | None], written: float) -> None:
         """``remember`` for messages written one per offset from ``first_offset``, with these ids
