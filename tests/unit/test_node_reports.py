@@ -119,3 +119,33 @@ async def test_an_isr_answer_of_the_wrong_length_is_no_outcome():
         *(batches.change_isr("s", p, "c", False, "a", 3, 7) for p in range(2)), return_exceptions=True,
     )
     assert all(isinstance(o, NoMetadataLeader) for o in outcomes)
+
+
+async def test_a_metadata_leader_that_does_not_know_batches_gets_each_item_alone():
+    """A rolling upgrade: an earlier version refuses the plural request as an unknown op."""
+    calls = []
+
+    async def call(op, **args):
+        calls.append(op)
+        if op in ("report_leaders", "change_isrs"):
+            raise MetadataError("INVALID_ARGUMENT", f"unknown command op {op!r}")
+        if op == "change_isr" and args["partition"] == 1:
+            raise MetadataError("FAILED_PRECONDITION", "ISR change refused: stale leader")
+        return None
+
+    batches = MetadataBatches(call, lambda: 1024 * 1024, spawn, window=0.01)
+    await asyncio.gather(batches.report_leader("s", 0, "a", 3, "b"), batches.report_leader("s", 1, "a", 3, "b"))
+    assert calls == ["report_leaders", "report_leader", "report_leader"]
+    outcomes = await asyncio.gather(
+        *(batches.change_isr("s", p, "c", False, "a", 3, 7) for p in range(2)), return_exceptions=True,
+    )
+    assert outcomes[0] is None and isinstance(outcomes[1], MetadataError)
+    assert outcomes[1].code == "FAILED_PRECONDITION"
+    calls.clear()
+
+    async def refusing(op, **args):  # any other refusal of a batch is every item's
+        raise MetadataError("INVALID_ARGUMENT", "report_leaders.items: partitions repeat")
+
+    batches = MetadataBatches(refusing, lambda: 1024 * 1024, spawn, window=0.01)
+    with pytest.raises(MetadataError, match="repeat"):
+        await batches.report_leader("s", 0, "a", 3, "b")

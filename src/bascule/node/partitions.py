@@ -13,9 +13,10 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bascule.config import Config
 from bascule.metadata.election import Role, replica_role
@@ -42,6 +43,9 @@ from bascule.wire.subjects import Subjects
 log = logging.getLogger(__name__)
 
 RETURN_RETRY = 0.5
+# Partitions a reconcile brings up at once: their NATS round trips (subscriptions in place, a follower
+# loop stopped) overlap, so a node given the partitions of a failed one leads them all in a few.
+RECONCILE_CONCURRENCY = 64
 
 
 @dataclass
@@ -91,6 +95,9 @@ class Partitions:
         # Leader epochs a replica of this run lost entries under (its fsync failed): handed back, never resumed.
         self._not_resumed: set[tuple[str, int, int]] = set()
         self._recovering: dict[tuple[str, int], int] = {}  # reopened replicas' synced ends, to cut back to
+        # The partition metadata and stream settings each replica was last brought up as (reconcile skips it
+        # while they stay the same objects).
+        self._applied: dict[tuple[str, int], tuple[Partition, Mapping[str, Any]]] = {}
         clustering = config.clustering
         self._follower_settings = FollowerSettings(
             clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
@@ -200,12 +207,29 @@ class Partitions:
                 await self._close(key, delete=True)
             assigned = {self.directory(s, p.id) for s, p in wanted.values()}
             await asyncio.to_thread(self._remove_unassigned_directories, assigned)
-            for key, (stream, partition) in wanted.items():
-                try:
-                    await self._apply(stream, partition)
-                except Exception:
-                    log.exception("could not bring up partition %s/%s", *key)
+            # Only the partitions whose metadata changed since they were brought up (a state shares every
+            # unchanged partition with the one before), all of them at once.
+            self._applied = {key: applied for key, applied in self._applied.items() if key in wanted}
+            changed = [(key, stream, partition) for key, (stream, partition) in wanted.items()
+                       if not self._up_to_date(key, stream, partition)]
+            for start in range(0, len(changed), RECONCILE_CONCURRENCY):
+                await asyncio.gather(*(self._bring_up(*entry) for entry in changed[start:][:RECONCILE_CONCURRENCY]))
         self.raft.watch.notify()  # roles and flags changed: until_leading, until_resumed
+
+    def _up_to_date(self, key: tuple[str, int], stream: Stream, partition: Partition) -> bool:
+        """Whether the replica is up as this very partition metadata and stream settings want it."""
+        local, applied = self._local.get(key), self._applied.get(key)
+        return (local is not None and local.started and applied is not None and applied[0] is partition
+                and applied[1] is stream.settings)
+
+    async def _bring_up(self, key: tuple[str, int], stream: Stream, partition: Partition) -> None:
+        try:
+            await self._apply(stream, partition)
+        except Exception:
+            self._applied.pop(key, None)
+            log.exception("could not bring up partition %s/%s", *key)
+        else:
+            self._applied[key] = (partition, stream.settings)
 
     def _wanted(self, state: MetadataState) -> dict[tuple[str, int], tuple[Stream, Partition]]:
         return {

@@ -14,7 +14,9 @@ one request naming every partition, as Kafka's brokers do with their controller:
 
 A caller still waits for its own item's outcome, and one that gives up before the batch goes
 (a follower withdrawing its report when the leader answers again) takes its item out of it.
-Batches are cut at ``MAX_BATCH_ITEMS`` items and at the transport's max_payload.
+Batches are cut at ``MAX_BATCH_ITEMS`` items and at the transport's max_payload. A metadata leader of
+an earlier version, which does not know a batch's request, gets its items one by one instead (a
+rolling upgrade).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import msgpack
 
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.service import OUTCOME_UNKNOWN
+from bascule.metadata.state import INVALID_ARGUMENT
 from bascule.wire.commands import MAX_BATCH_ITEMS
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,8 @@ BATCH_WINDOW = 0.02
 # Room left in a NATS message for the envelope, the request's op and the seal.
 REQUEST_OVERHEAD = 1024
 
-# Sends one batch (its items), returns each item's outcome in order (None: the request answers none).
+# Sends one batch (its items), returns each item's outcome in order (None: the request answers none); an
+# outcome that is an exception is raised to that item's caller.
 SendBatch = Callable[[list[dict[str, Any]]], Awaitable[list[Any] | None]]
 # Starts a one-shot task of the node (``Tasks.spawn``); None once the node is closing.
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any] | None"]
@@ -109,8 +113,15 @@ class Batcher:
                 raise
             return
         for index, (_, outcome) in enumerate(batch):
-            if not outcome.done():
-                outcome.set_result(None if outcomes is None else outcomes[index])
+            if outcome.done():
+                continue
+            found = None if outcomes is None else outcomes[index]
+            if isinstance(found, BaseException):
+                outcome.set_exception(
+                    found if isinstance(found, Exception) else NoMetadataLeader(f"{self.name} item cancelled")
+                )
+            else:
+                outcome.set_result(found)
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -126,19 +137,38 @@ class MetadataBatches:
             return max(1, max_payload() - REQUEST_OVERHEAD)
 
         self._call = call
-        self.leader_reports = Batcher("report_leaders", self._sender("report_leaders"), spawn, max_bytes, window)
-        self.returns = Batcher("leaders_returned", self._sender("leaders_returned"), spawn, max_bytes, window)
+        self.leader_reports = Batcher(
+            "report_leaders", self._sender("report_leaders", "report_leader"), spawn, max_bytes, window
+        )
+        self.returns = Batcher("leaders_returned", self._sender("leaders_returned", "leader_returned"), spawn,
+                               max_bytes, window)
         self.isr_changes = Batcher("change_isrs", self._isr_sender, spawn, max_bytes, window)
 
-    def _sender(self, op: str) -> SendBatch:
-        async def send(items: list[dict[str, Any]]) -> None:
-            await self._call(op, items=items)
+    def _sender(self, op: str, single: str) -> SendBatch:
+        async def send(items: list[dict[str, Any]]) -> list[Any] | None:
+            try:
+                await self._call(op, items=items)
+            except MetadataError as exc:
+                if not _unknown_request(exc, op):
+                    raise
+                return await self._one_by_one(single, items)
             return None
 
         return send
 
+    async def _one_by_one(self, single: str, items: list[dict[str, Any]]) -> list[Any]:
+        """Each item as its own ``single`` request, for a metadata leader that does not know the batch's;
+        each item's outcome (an exception when it failed)."""
+        log.info("the metadata leader does not know batched requests: sending %d %s requests", len(items), single)
+        return list(await asyncio.gather(*(self._call(single, **item) for item in items), return_exceptions=True))
+
     async def _isr_sender(self, items: list[dict[str, Any]]) -> list[Any]:
-        outcomes = await self._call("change_isrs", items=items)
+        try:
+            outcomes = await self._call("change_isrs", items=items)
+        except MetadataError as exc:
+            if not _unknown_request(exc, "change_isrs"):
+                raise
+            return await self._one_by_one("change_isr", items)
         if not isinstance(outcomes, list) or len(outcomes) != len(items):
             raise NoMetadataLeader(f"malformed change_isrs answer from the metadata leader: {outcomes!r:.200}")
         return outcomes
@@ -179,3 +209,8 @@ class MetadataBatches:
         if code == OUTCOME_UNKNOWN:
             raise NoMetadataLeader(message)
         raise MetadataError(code, message)
+
+
+def _unknown_request(error: MetadataError, op: str) -> bool:
+    """Whether ``error`` is an earlier version's refusal of request ``op``, which it does not know."""
+    return error.code == INVALID_ARGUMENT and f"unknown command op {op!r}" in error.message
