@@ -39,10 +39,11 @@ class Links(Transport):
 
 
 class Member:
-    def __init__(self, address: str, others: list[str], dump_file: str | None) -> None:
+    def __init__(self, address: str, others: list[str], dump_file: str | None, batch_bytes: int) -> None:
         self.address = address
         self.store = MetadataStore(lambda: None)
-        self.raft = SafeSyncObj(address, others, _conf(dump_file), consumers=[self.store], transportClass=Links)
+        self.raft = SafeSyncObj(address, others, _conf(dump_file, batch_bytes), consumers=[self.store],
+                                transportClass=Links)
         self.links: Links = self.raft._SyncObj__transport
         for node in self.links.peers.values():
             self.links._onNodeConnected(node)
@@ -85,11 +86,11 @@ class Member:
 
 
 class Network:
-    def __init__(self, count: int, dump_dir: Path | None = None) -> None:
+    def __init__(self, count: int, dump_dir: Path | None = None, batch_bytes: int = ENTRY_SIZE + 1) -> None:
         addresses = [f"127.0.0.1:{1001 + i}" for i in range(count)]
         self.members = [
             Member(address, [a for a in addresses if a != address],
-                   None if dump_dir is None else str(dump_dir / f"dump-{i}"))
+                   None if dump_dir is None else str(dump_dir / f"dump-{i}"), batch_bytes)
             for i, address in enumerate(addresses)
         ]
 
@@ -143,16 +144,16 @@ def registration(broker: str) -> bytes:
     return encode_command(RegisterBroker(id=broker, host="h", port=1, raft="r"))
 
 
-def _conf(dump_file: str | None) -> SyncObjConf:
+def _conf(dump_file: str | None, batch_bytes: int) -> SyncObjConf:
     return SyncObjConf(
         autoTick=False,
         fullDumpFile=dump_file,
         useFork=False,
         dynamicMembershipChange=True,
         appendEntriesUseBatch=False,
-        # Two of the tests' commands per AppendEntries (one alone is under the batch size): a resend
-        # takes several messages, as one of big commands does under the default 64 KiB.
-        appendEntriesBatchSizeBytes=ENTRY_SIZE + 1,
+        # By default two of the tests' commands per AppendEntries (one alone is under the batch size):
+        # a resend takes several messages, as one of big commands does with bigger batches.
+        appendEntriesBatchSizeBytes=batch_bytes,
         appendEntriesPeriod=FAR,
         raftMinTimeout=4 * FAR,
         raftMaxTimeout=5 * FAR,

@@ -35,6 +35,13 @@ APPEND_ENTRIES_PERIOD = 0.15
 # A command that pysyncobj neither commits nor fails within this long (a leader that lost its
 # quorum keeps it queued) is reported as not committed: its outcome is then unknown.
 PROPOSE_TIMEOUT = 10.0
+# pysyncobj sends an entry bigger than its AppendEntries batch in pieces, and tags as the last the
+# piece that reaches the *command's* length, not the pickled entry's (a few bytes longer): an entry
+# whose size falls in that gap arrived cut, and every tick of every follower failed on it from then
+# on (a CreateStream of 4,096 partitions did so). No entry is ever split here: batches hold any
+# command bascule proposes (at most MAX_COMMAND_BYTES), well within raft_port's message limit.
+MAX_COMMAND_BYTES = 4 << 20
+APPEND_BATCH_BYTES = 2 * MAX_COMMAND_BYTES
 
 
 class NoMetadataLeader(Exception):
@@ -100,6 +107,7 @@ def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncOb
         dynamicMembershipChange=True,
         useFork=False,
         appendEntriesUseBatch=False,
+        appendEntriesBatchSizeBytes=APPEND_BATCH_BYTES,
         # Heartbeats and ticks are the whole idle cost of a node. Commands do not wait for a
         # tick (with batching off, a pipe wakes the poller), so ticks can be rare; these keep
         # a Raft re-election around a second.
@@ -205,6 +213,9 @@ class MetadataRaft:
 
     async def propose(self, proposal: Command, timeout: float = PROPOSE_TIMEOUT) -> None:
         command = encode_command(proposal)
+        if len(command) > MAX_COMMAND_BYTES:
+            raise MetadataError("INVALID_ARGUMENT", f"a metadata command of {len(command)} bytes (at most "
+                                f"{MAX_COMMAND_BYTES}): fewer partitions, replicas or items at once")
         done: asyncio.Future[tuple[Any, int]] = self._loop.create_future()
 
         def finished(result: Any, reason: int) -> None:

@@ -8,8 +8,8 @@ and keep any number of silent connections open. Installed once per process (``in
 
 - a message's declared length is checked as soon as its 4 bytes are there: the first message of a
   connection (the encrypted key exchange, some 150 bytes) may be at most FIRST_MESSAGE_LIMIT, any
-  other at most MESSAGE_LIMIT (pysyncobj's own are batches of 64 KiB or one command or snapshot
-  piece); a longer, or negative, one closes the connection;
+  other at most MESSAGE_LIMIT (pysyncobj's own are batches of entries, at most raft.APPEND_BATCH_BYTES,
+  or a snapshot piece); a longer, or negative, one closes the connection;
 - reading stops once a whole message's worth is buffered, and the buffer is a bytearray that is
   consumed in place;
 - ``expire_silent`` (on the tick thread) closes the connections that have not identified themselves
