@@ -373,3 +373,43 @@ def test_a_witness_that_lost_power_after_its_report_is_not_elected_on_its_old_po
 
     cluster = scenario(script, nodes=5, replication_factor=3, min_isr=1)
     assert cluster.invariants.exempt_acks == 0
+
+
+# -- Batched elections (issue 32) ----------------------------------------------------------------
+
+
+def test_a_killed_node_leading_many_partitions_is_replaced_in_every_one_by_batched_elections() -> None:
+    """The node leading a third of 24 partitions dies: the survivors report their silent leaders in
+    batches, and the metadata leader elects several partitions per ChangeLeaders command, each by the
+    election rules; within a leader timeout and a second every partition is led again, and writes
+    acked before the kill are still there (the invariants)."""
+    async def script(cluster: SimCluster) -> None:
+        for partition in range(cluster.partitions):
+            assert await cluster.publish(partition, b"before-%d" % partition) is not None
+        led = {p: cluster.leader(p) for p in range(cluster.partitions)}
+        victim = max(set(led.values()), key=list(led.values()).count)
+        mine = [p for p, leader in led.items() if leader == victim]
+        assert len(mine) == 8
+        if cluster.metadata.leader == victim:
+            cluster.metadata.move_leader(to=sorted(set(cluster.nodes) - {victim})[0])
+        first = cluster.metadata.commit_index
+        cluster.kill(victim)
+        await cluster.until(
+            "every partition led again",
+            lambda: all(cluster.leader(p) != victim and cluster.leading_replica(p) is not None
+                        for p in range(cluster.partitions)),
+            timeout=2.0,
+        )
+        states = cluster.metadata.states[first:]
+        elected = [  # per command after the kill: how many partitions it gave a new leader
+            sum(after.partition("sim", p).leader_epoch != before.partition("sim", p).leader_epoch
+                for p in range(cluster.partitions))
+            for before, after in zip(states, states[1:])
+        ]
+        elected = [count for count in elected if count]
+        assert sum(elected) == len(mine) and max(elected) > 1, elected
+        for partition in mine:
+            assert await cluster.publish(partition, b"after-%d" % partition) is not None
+        cluster.nodes[victim].start()
+
+    scenario(script, nodes=3, partitions=24, min_isr=2)
