@@ -23,6 +23,7 @@ from bascule.natsio.sealed import SealedNats
 from bascule.node import identity
 from bascule.node.node import InsecureRaft
 from bascule.wire import envelope
+from bascule.wire.names import MAX_PARTITIONS
 from bascule.wire.pb import api_pb2, api_pb2_grpc
 from bascule.wire.seal import Sealer, derive_key
 
@@ -88,6 +89,20 @@ async def test_plain_nats_publishes_are_captured_with_subject_headers(tmp_path, 
             assert [m.value for m in p1] == [f"w{i}".encode() for i in range(100)]
             assert p0[0].subject == "plain.sub" and p0[0].headers["reply"] == b"r.x"
             assert [m.offset for m in p1] == list(range(100))
+
+
+async def test_a_stream_of_the_most_partitions_takes_writes_on_its_last(tmp_path):
+    """4,096 partitions (wire.names.MAX_PARTITIONS): created, its last partition written and read."""
+    async with running_node(tmp_path) as (node, address):
+        async with Client(address, timeout=60) as client:
+            await client.wait_ready()
+            await client.create_stream("wide", "wide", partitions=MAX_PARTITIONS)
+            last = MAX_PARTITIONS - 1
+            assert (await client.publish("wide", b"last", partition=last, ack_policy="all")).offset == 0
+            [message] = await collect(client.subscribe("wide", last, start="earliest"), 1)
+            assert message.value == b"last"
+            with pytest.raises(BasculeError):
+                await client.create_stream("wider", "wider", partitions=MAX_PARTITIONS + 1)
 
 
 async def test_envelope_publish_gets_ack_on_its_inbox(tmp_path):
@@ -786,7 +801,7 @@ async def test_out_of_range_stream_requests_get_invalid_argument_naming_the_limi
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.CreateStream(api_pb2.CreateStreamRequest(name="p", subject="p", partitions=100_000))
-            assert "1024" in refused.value.details()
+            assert "4096" in refused.value.details()
             await client.create_stream("ok", "ok")
             assert (await client.publish("ok", b"fine", ack_policy="all")).offset == 0
 
