@@ -2,13 +2,14 @@
 failover, next to JetStream holding the same number of R3 streams.
 
 bascule: 3 nodes (LocalCluster, real processes on loopback, one nats-server), N partitions RF=3 in
-streams of at most 1,024 partitions (the per-stream limit). JetStream: 3 routed nats-servers, N R3
+streams of at most bascule.wire.names.MAX_PARTITIONS (1,024 now) each. JetStream: 3 routed nats-servers, N R3
 file streams. For each partition count and system, on a fresh cluster:
 
 - idle CPU (utime+stime from /proc over a quiet window after a settle) and RSS of each server,
   first with nothing created, then with the N partitions (streams);
 - create: from the first create request until every partition has its full ISR in the metadata
-  (JetStream: every stream has a leader and both other replicas current, from STREAM.LIST);
+  (JetStream: every stream has a leader and both other replicas current, from STREAM.INFO); a count
+  whose creation has not finished after --create-timeout stops there, with how far it got;
 - memory per partition: RSS with N less RSS with none, divided by N, per server;
 - the metadata Raft's files on disk (bascule: <data>/raft; JetStream: the meta group's directory);
 - mass failover: SIGKILL of the server leading the most partitions (about a third), then the time
@@ -38,10 +39,10 @@ if __package__ in (None, ""):
     # As a script, this file's directory would lead sys.path and its modules could shadow others by name.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bascule.wire.names import MAX_PARTITIONS  # noqa: E402
 from benchmarks.harness import BASCULE, JETSTREAM, BenchError, Context, log, now  # noqa: E402
 from benchmarks.metrics import cpu_seconds, loadavg, rss_mib  # noqa: E402
 
-MAX_STREAM_PARTITIONS = 1024  # bascule.wire.names.MAX_PARTITIONS
 REPLICAS = 3
 POLL_SECONDS = 0.2
 JS_API_TIMEOUT = 5.0
@@ -66,9 +67,13 @@ async def idle_figures(pids_by_server: dict[str, list[int]], settle: float, wind
     return {
         "cpu_pct": {name: round(100 * (cpu_seconds(pids) - before[name]) / elapsed, 2)
                     for name, pids in pids_by_server.items()},
-        "rss_mib": {name: round(sum(rss_mib(pid) or 0.0 for pid in pids), 1) for name, pids in pids_by_server.items()},
+        "rss_mib": rss_each(pids_by_server),
         "loadavg": loadavg(),
     }
+
+
+def rss_each(pids_by_server: dict[str, list[int]]) -> dict[str, float]:
+    return {name: round(sum(rss_mib(pid) or 0.0 for pid in pids), 1) for name, pids in pids_by_server.items()}
 
 
 def mean(values: Any) -> float:
@@ -103,20 +108,21 @@ async def poll_until_all(count_ready: Callable[[], Awaitable[int]], total: int, 
         await asyncio.sleep(POLL_SECONDS)
 
 
-def ready_by(progress: Progress, seconds: float) -> int:
-    return max((ready for at, ready in progress if at <= seconds), default=0)
+def ready_at(progress: Progress, seconds: float) -> int:
+    """What the last poll at or before `seconds` found ready (a count can fall: an ISR shrinks again)."""
+    return next((ready for at, ready in reversed(progress) if at <= seconds), 0)
 
 
 def stream_sizes(count: int) -> list[int]:
     """`count` partitions in as few streams as the per-stream limit allows, of near-equal sizes."""
-    streams = math.ceil(count / MAX_STREAM_PARTITIONS)
+    streams = math.ceil(count / MAX_PARTITIONS)
     return [count // streams + (1 if i < count % streams else 0) for i in range(streams)]
 
 
 def failover_figures(killed: str, re_led: int, total: int, progress: Progress, goal: float) -> dict[str, Any]:
     seconds, live_led = progress[-1]
     return {"killed": killed, "re_led": re_led, "seconds": seconds if live_led >= total else None,
-            "live_led_at_end": live_led, f"live_led_within_{goal:g}_s": ready_by(progress, goal),
+            "live_led_at_end": live_led, f"live_led_at_{goal:g}_s": ready_at(progress, goal),
             "polls": len(progress)}
 
 
@@ -282,14 +288,13 @@ class JetStreamScale:
         return count_ready
 
     async def add_stream(self, index: int, deadline: float) -> None:
-        while True:
+        """Asks until the stream is created or `deadline` passes (the count's creation then stops)."""
+        while now() < deadline:
             try:
                 await self.system.js.add_stream(name=f"scale{index}", subjects=[f"scale.{index}"],
                                                 num_replicas=REPLICAS, storage="file")
                 return
-            except Exception as exc:  # noqa: BLE001 - the meta leader busy or moving: try again
-                if now() > deadline:
-                    raise BenchError(f"JetStream add_stream scale{index}: {exc!r}") from exc
+            except Exception:  # noqa: BLE001 - the meta leader busy or moving: try again
                 await asyncio.sleep(0.2)
 
     async def create(self, count: int, timeout: float) -> Progress:
@@ -349,10 +354,7 @@ async def measure_scale(scale: Scale, count: int, args: argparse.Namespace, resu
     name = scale.name
     result["empty"] = await idle_figures(scale.pids_by_server(), args.settle, args.window)
     log(f"{name} {count}: empty cluster idle {result['empty']['cpu_pct']}; creating")
-    progress = await scale.create(count, args.create_timeout)
-    if progress[-1][1] < count:
-        raise BenchError(f"creation stopped: {progress[-1][1]} of {count} ready after {progress[-1][0]} s")
-    result["create_s"] = progress[-1][0]
+    await timed_create(scale, count, args.create_timeout, result)
     log(f"{name} {count}: created in {result['create_s']} s; idling")
     result["idle"] = await idle_figures(scale.pids_by_server(), args.settle, args.window)
     result["raft_files"] = scale.raft_files()
@@ -362,6 +364,17 @@ async def measure_scale(scale: Scale, count: int, args: argparse.Namespace, resu
     await scale.wait_snapshots(args.snapshot_wait)
     result["raft_files_after_failover"] = scale.raft_files()
     summarize(result, count, scale.data_servers())
+
+
+async def timed_create(scale: Scale, count: int, timeout: float, result: dict[str, Any]) -> None:
+    """The creation's time; or, when `timeout` stops it, how far it got every 30 s and the RSS then."""
+    progress = await scale.create(count, timeout)
+    stopped_at, ready = progress[-1]
+    if ready < count:
+        result["create_ready_at_s"] = {s: ready_at(progress, s) for s in range(30, int(stopped_at) + 1, 30)}
+        result["rss_mib_at_stop"] = rss_each(scale.pids_by_server())
+        raise BenchError(f"creation stopped: {ready} of {count} ready after {stopped_at} s")
+    result["create_s"] = stopped_at
 
 
 def summarize(result: dict[str, Any], count: int, servers: list[str]) -> None:
