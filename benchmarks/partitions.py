@@ -2,7 +2,7 @@
 failover, next to JetStream holding the same number of R3 streams.
 
 bascule: 3 nodes (LocalCluster, real processes on loopback, one nats-server), N partitions RF=3 in
-streams of at most bascule.wire.names.MAX_PARTITIONS (1,024 now) each. JetStream: 3 routed nats-servers, N R3
+streams of at most bascule.wire.names.MAX_PARTITIONS partitions each. JetStream: 3 routed nats-servers, N R3
 file streams. For each partition count and system, on a fresh cluster:
 
 - idle CPU (utime+stime from /proc over a quiet window after a settle) and RSS of each server,
