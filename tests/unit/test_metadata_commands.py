@@ -39,6 +39,10 @@ PROPOSED = [
         {"name": "s", "partition": 0, "leader": "b", "leader_epoch": 0, "epoch": 3, "isr": ["a", "b"]},
         {"name": "s", "partition": 1, "leader": "a", "leader_epoch": 2, "epoch": 5, "isr": ["a"]},
     ]}),
+    ("change_isrs", {"items": [
+        {"name": "s", "partition": 0, "replica": "b", "add": False, "leader": "a", "leader_epoch": 0, "epoch": 1},
+        {"name": "s", "partition": 0, "replica": "c", "add": True, "leader": "a", "leader_epoch": 0, "epoch": 1},
+    ]}),
 ]
 
 

@@ -112,6 +112,47 @@ def test_change_leaders_clears_the_unclean_mark_as_change_leader_does():
     assert state.partition("s", 1).unclean == ()  # b left that ISR
 
 
+def _isr_item(partition, replica, add, leader, leader_epoch, epoch, name="s"):
+    return {"name": name, "partition": partition, "replica": replica, "add": add, "leader": leader,
+            "leader_epoch": leader_epoch, "epoch": epoch}
+
+
+def test_change_isrs_applies_each_item_on_change_isrs_conditions_and_names_the_refused():
+    """A leader's ISR changes in one command: each item as ChangeIsr applies it, in order (a second
+    change of one partition meets the epoch the first made); the refused items change nothing and
+    the result names each with its reason."""
+    state = stream_state(replicas=[("a", "b", "c")] * 4)
+    before = state.state
+    result = apply(state, "change_isrs", items=[
+        _isr_item(0, "c", False, "a", 0, 0),  # applies
+        _isr_item(0, "b", False, "a", 0, 0),  # decided on epoch 0, which the first item moved
+        _isr_item(1, "c", False, "b", 0, 0),  # b does not lead
+        _isr_item(2, "c", False, "a", 0, 0),  # applies
+        _isr_item(3, "a", False, "a", 0, 0),  # the leader cannot leave
+        _isr_item(0, "c", False, "a", 0, 0, name="gone"),
+    ])
+    assert result[0] == state_rules.ITEMS_REFUSED
+    assert state_rules.refused_items(result[1]) == {
+        1: (FAILED_PRECONDITION, "ISR change refused: stale partition epoch"),
+        2: (FAILED_PRECONDITION, "ISR change refused: stale leader"),
+        4: (FAILED_PRECONDITION, "ISR change refused: cannot remove the leader"),
+        5: (NOT_FOUND, "no such partition"),
+    }
+    assert state.partition("s", 0).isr == ("a", "b") and state.partition("s", 0).epoch == 1
+    assert state.partition("s", 2).isr == ("a", "b")
+    for untouched in (1, 3):
+        assert state.partition("s", untouched) is before.partition("s", untouched)
+    single = Machine()
+    single.state = before
+    apply(single, "change_isr", **_isr_item(0, "c", False, "a", 0, 0))
+    apply(single, "change_isr", **_isr_item(2, "c", False, "a", 0, 0))
+    assert {**single.state.snapshot(), "version": 0} == {**state.state.snapshot(), "version": 0}
+    # All applied: no result.
+    assert apply(state, "change_isrs", items=[_isr_item(0, "c", True, "a", 0, 1),
+                                              _isr_item(2, "c", True, "a", 0, 1)]) is None
+    assert state.partition("s", 0).isr == state.partition("s", 2).isr == ("a", "b", "c")
+
+
 def test_isr_change_from_stale_leader_is_rejected():
     state = stream_state()
     apply(state, "change_leader", name="s", partition=0, leader="b", leader_epoch=0, isr=["a", "b", "c"])
@@ -221,6 +262,10 @@ HOSTILE_COMMANDS = [
     {"op": "change_leaders", "items": [_item(0, "a.b", 0, 0, ["a"])]},
     {"op": "change_leaders", "items": ["s/0"]},
     {"op": "change_leaders", "items": {"0": _item(0, "a", 0, 0, ["a"])}},
+    {"op": "change_isrs", "items": []},
+    {"op": "change_isrs", "items": [_isr_item(0, "b", False, "a", 0, 0)] * 2},
+    {"op": "change_isrs", "items": [{k: v for k, v in _isr_item(0, "b", False, "a", 0, 0).items() if k != "epoch"}]},
+    {"op": "change_isrs", "items": [{**_isr_item(0, "b", False, "a", 0, 0), "add": 1}]},
     {"op": "register_broker", "id": "x.y", "host": "h", "port": 1, "raft": "h:1"},
     {"op": "register_broker", "id": "x", "host": "h", "port": 99999, "raft": "h:1"},
     {"op": "resume", "name": "s"},

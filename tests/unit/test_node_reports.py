@@ -6,7 +6,6 @@ import asyncio
 import pytest
 
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
-from bascule.metadata.service import OUTCOME_UNKNOWN
 from bascule.node.reports import Batcher, MetadataBatches
 
 pytestmark = pytest.mark.anyio
@@ -84,7 +83,8 @@ async def test_each_kind_goes_as_its_plural_request_and_isr_outcomes_come_back_p
     async def call(op, **args):
         calls.append((op, args))
         if op == "change_isrs":
-            return [None, ["FAILED_PRECONDITION", "ISR change refused: stale leader"], [OUTCOME_UNKNOWN, "lost"]]
+            return [None, ["FAILED_PRECONDITION", "ISR change refused: stale leader"],
+                    ["NOT_FOUND", "no such partition"]]
         return None
 
     batches = MetadataBatches(call, lambda: 1024 * 1024, spawn, window=0.01)
@@ -106,7 +106,7 @@ async def test_each_kind_goes_as_its_plural_request_and_isr_outcomes_come_back_p
     )
     assert outcomes[0] is None
     assert isinstance(outcomes[1], MetadataError) and outcomes[1].code == "FAILED_PRECONDITION"
-    assert isinstance(outcomes[2], NoMetadataLeader)
+    assert isinstance(outcomes[2], MetadataError) and outcomes[2].code == "NOT_FOUND"
     assert calls[-1][0] == "change_isrs" and [item["partition"] for item in calls[-1][1]["items"]] == [0, 1, 2]
 
 

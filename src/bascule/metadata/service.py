@@ -21,7 +21,14 @@ from bascule.metadata.groups import CoordinatorReports, choose_coordinator
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.replicated import ReplicatedMetadata
-from bascule.metadata.state import FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, Partition
+from bascule.metadata.state import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    ITEMS_REFUSED,
+    NOT_FOUND,
+    Partition,
+    refused_items,
+)
 from bascule.natsio.sealed import SealedNats
 from bascule.natsio.transport import Transport, TransportMessage
 from bascule.wire import envelope
@@ -29,6 +36,7 @@ from bascule.wire.commands import (
     MAX_BATCH_ITEMS,
     ChangeGroupCoordinator,
     ChangeIsr,
+    ChangeIsrs,
     ChangeLeader,
     ChangeLeaders,
     CommandError,
@@ -69,10 +77,9 @@ PartitionKey = tuple[str, int]  # (stream, partition)
 # Positions of partitions' replicas on the given brokers, as many as answer, gathered with one request
 # to each broker for all of them: {(stream, partition): brokers} -> {(stream, partition): {broker: position}}.
 GatherPositions = Callable[[Mapping[PartitionKey, Collection[str]]], Awaitable[dict[PartitionKey, dict[str, Position]]]]
-# What an item of a batched request (``change_isrs``) answers: None when done, else [code, message]; this
-# code says its outcome is unknown (NoMetadataLeader), the others are a MetadataError's.
-OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
-MAX_ITEM_MESSAGE = 200  # characters of an item's refusal: a batch's answer stays far below a NATS message
+# What an item of a batched request (``change_isrs``) answers: None when done, else a MetadataError's
+# [code, message], the message cut to this many characters (a batch's answer stays far below a NATS message).
+MAX_ITEM_MESSAGE = 200
 
 
 class MetadataService:
@@ -342,26 +349,32 @@ class MetadataService:
         return set(decisions)
 
     async def _change_isrs(self, items: list[dict[str, Any]]) -> list[list[str] | None]:
-        """A leader's ISR changes of several partitions, each its own ``change_isr`` command (each has
-        its own outcome), proposed together; the outcome of each, in order."""
+        """A leader's ISR changes of several partitions in one ChangeIsrs command (a ChangeIsr for one);
+        the outcome of each, in order: None when applied, else [code, message]. NoMetadataLeader when
+        the command's outcome is unknown (every item's then is)."""
         now = self.clock()
         for item in items:
             if not item["add"]:  # before the outcome, as for a change_isr
                 self._elections.reports.left_isr((item["name"], item["partition"]), item["replica"],
                                                  item["leader_epoch"], now)
-        outcomes = await asyncio.gather(
-            *(self.raft.propose(ChangeIsr(**item)) for item in items), return_exceptions=True
-        )
-        answers: list[list[str] | None] = []
-        for outcome in outcomes:
-            if outcome is None:
-                answers.append(None)
-            elif isinstance(outcome, MetadataError):
-                answers.append([outcome.code, outcome.message[:MAX_ITEM_MESSAGE]])
-            elif isinstance(outcome, NoMetadataLeader):
-                answers.append([OUTCOME_UNKNOWN, str(outcome)[:MAX_ITEM_MESSAGE]])
+        answers: list[list[str] | None] = [None] * len(items)
+        try:
+            if len(items) == 1:
+                await self.raft.propose(ChangeIsr(**items[0]))
             else:
-                raise outcome
+                await self.raft.propose(ChangeIsrs(items=items))
+        except MetadataError as exc:
+            if len(items) == 1:
+                answers[0] = [exc.code, exc.message[:MAX_ITEM_MESSAGE]]
+            elif exc.code == ITEMS_REFUSED:
+                try:
+                    refused = refused_items(exc.message)
+                except (ValueError, TypeError) as problem:  # never: the state's own words
+                    raise NoMetadataLeader(f"unreadable ISR change outcomes: {problem}") from exc
+                for index, (code, message) in refused.items():
+                    answers[index] = [code, message[:MAX_ITEM_MESSAGE]]
+            else:
+                raise
         return answers
 
     async def _join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> None:

@@ -12,6 +12,7 @@ fails halfway leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -23,6 +24,7 @@ from bascule.wire.commands import (
     ActivityPublished,
     ChangeGroupCoordinator,
     ChangeIsr,
+    ChangeIsrs,
     ChangeLeader,
     ChangeLeaders,
     Command,
@@ -42,6 +44,9 @@ NOT_FOUND = "NOT_FOUND"
 ALREADY_EXISTS = "ALREADY_EXISTS"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
+# The result of a batch command some of whose items were refused (the others applied): its message is
+# the JSON of {item index: [code, message]} (``refused_items`` reads it).
+ITEMS_REFUSED = "ITEMS_REFUSED"
 
 ApplyResult = tuple[str, str] | None  # None on success, else (code, message)
 
@@ -307,9 +312,15 @@ class MetadataState:
         return state, None
 
     def _change_isr(self, c: ChangeIsr) -> Change:
-        p = self.partition(c.name, c.partition)
+        changed = self._isr_changed(self.partition(c.name, c.partition), c)
+        if not isinstance(changed, Partition):
+            return self, changed
+        return self._with_partitions(c.name, [changed]), None
+
+    def _isr_changed(self, p: Partition | None, c: ChangeIsr) -> Partition | tuple[str, str]:
+        """Partition ``p`` with ``c``'s ISR change, or why ``c`` is refused."""
         if p is None:
-            return self, (NOT_FOUND, "no such partition")
+            return NOT_FOUND, "no such partition"
         decision = validate_isr_change(
             IsrChangeKind.EXPAND if c.add else IsrChangeKind.SHRINK,
             c.replica, c.leader, c.leader_epoch,
@@ -317,13 +328,31 @@ class MetadataState:
             request_partition_epoch=c.epoch, partition_epoch=p.epoch, unclean=p.unclean,
         )
         if not decision.accepted:
-            return self, (FAILED_PRECONDITION, f"ISR change refused: {decision.reason}")
+            return FAILED_PRECONDITION, f"ISR change refused: {decision.reason}"
         # Either way the replica is no longer unclean: it left the ISR, or it caught up.
-        changed = replace(
+        return replace(
             p, isr=tuple(r for r in p.replicas if r in decision.isr), epoch=p.epoch + 1,
             unclean=tuple(r for r in p.unclean if r != c.replica),
         )
-        return self._with_partitions(c.name, [changed]), None
+
+    def _change_isrs(self, c: ChangeIsrs) -> Change:
+        """Each item as ``_change_isr`` applies it, in order (a second change of a partition meets the
+        epoch the first made); the refused ones change nothing and are named in the result."""
+        changed: dict[str, dict[int, Partition]] = {}
+        refused: dict[int, tuple[str, str]] = {}
+        for index, change in enumerate(c.changes()):
+            partitions = changed.get(change.name, {})
+            outcome = self._isr_changed(
+                partitions.get(change.partition) or self.partition(change.name, change.partition), change
+            )
+            if isinstance(outcome, Partition):
+                changed.setdefault(change.name, {})[change.partition] = outcome
+            else:
+                refused[index] = outcome
+        state = self
+        for name, partitions in changed.items():
+            state = state._with_partitions(name, list(partitions.values()))
+        return state, (ITEMS_REFUSED, json.dumps(refused, sort_keys=True)) if refused else None
 
     def _mark_unclean(self, c: MarkUnclean) -> Change:
         """A replica's own report that its log may have lost entries (its fsync failed): as an
@@ -441,6 +470,7 @@ _RULES: dict[str, Callable[[MetadataState, Any], Change]] = {
     ChangeLeader.OP: MetadataState._change_leader,
     ChangeLeaders.OP: MetadataState._change_leaders,
     ChangeIsr.OP: MetadataState._change_isr,
+    ChangeIsrs.OP: MetadataState._change_isrs,
     ActivityPublished.OP: MetadataState._activity_published,
     MarkUnclean.OP: MetadataState._mark_unclean,
     JoinConsumerGroup.OP: MetadataState._join_consumer_group,
@@ -485,3 +515,9 @@ def _stream_fields(stream: Stream) -> dict[str, Any]:
 def _partition_fields(partition: Partition) -> dict[str, Any]:
     return {**asdict(partition), "replicas": list(partition.replicas), "isr": list(partition.isr),
             "unclean": list(partition.unclean)}
+
+
+def refused_items(message: str) -> dict[int, tuple[str, str]]:
+    """The refused items an ITEMS_REFUSED result's message names: {item index: (code, message)}."""
+    found = json.loads(message)
+    return {int(index): (str(code), str(reason)) for index, (code, reason) in found.items()}

@@ -10,7 +10,7 @@ one request naming every partition, as Kafka's brokers do with their controller:
   the metadata leader counts each report by the witness rule and elects all those whose leader
   now counts as failed in one command (``ChangeLeaders``);
 - ``leaders_returned``: "this node led each of these epochs before it restarted";
-- ``change_isrs``: a leader's ISR changes, each with its own outcome.
+- ``change_isrs``: a leader's ISR changes, in one command (``ChangeIsrs``), each with its own outcome.
 
 A caller still waits for its own item's outcome, and one that gives up before the batch goes
 (a follower withdrawing its report when the leader answers again) takes its item out of it.
@@ -29,7 +29,6 @@ from typing import Any
 import msgpack
 
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
-from bascule.metadata.service import OUTCOME_UNKNOWN
 from bascule.metadata.state import INVALID_ARGUMENT
 from bascule.wire.commands import MAX_BATCH_ITEMS
 
@@ -206,8 +205,6 @@ class MetadataBatches:
             code, message = str(code), str(message)
         except (TypeError, ValueError):
             raise NoMetadataLeader(f"malformed change_isrs outcome {outcome!r:.200}") from None
-        if code == OUTCOME_UNKNOWN:
-            raise NoMetadataLeader(message)
         raise MetadataError(code, message)
 
 

@@ -261,6 +261,26 @@ class ChangeIsr:
     epoch: int | None = _optional(_EPOCH)
 
 
+# A ChangeIsr's fields, every one required (no journal has a batch without partition epochs).
+_ISR_CHANGE = {
+    "name": _NAME, "partition": _PARTITION, "replica": _BROKER, "add": _boolean, "leader": _BROKER,
+    "leader_epoch": _EPOCH, "epoch": _EPOCH,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeIsrs:
+    """Several ISR changes in one command (a leader's, of its partitions): each item has a ChangeIsr's
+    fields and applies on exactly its conditions; an item refused changes nothing, the others apply,
+    and the command's result names the refused items (``metadata.state.ITEMS_REFUSED``)."""
+
+    OP: ClassVar[str] = "change_isrs"
+    items: list[dict[str, Any]] = _required(_batch_of(_record(_ISR_CHANGE), ("name", "partition", "replica")))
+
+    def changes(self) -> list[ChangeIsr]:
+        return [ChangeIsr(**item) for item in self.items]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ActivityPublished:
     OP: ClassVar[str] = "activity_published"
@@ -305,14 +325,14 @@ class ChangeGroupCoordinator:
 Command = (
     RegisterBroker | CreateStream | DeleteStream | Pause | Resume | SetReadonly | ChangeLeader | ChangeIsr
     | ActivityPublished | MarkUnclean | JoinConsumerGroup | LeaveConsumerGroup | ChangeGroupCoordinator
-    | ChangeLeaders
+    | ChangeLeaders | ChangeIsrs
 )
 
 COMMANDS: dict[str, type[Command]] = {
     kind.OP: kind for kind in (
         RegisterBroker, CreateStream, DeleteStream, Pause, Resume, SetReadonly, ChangeLeader, ChangeIsr,
         ActivityPublished, MarkUnclean, JoinConsumerGroup, LeaveConsumerGroup, ChangeGroupCoordinator,
-        ChangeLeaders,
+        ChangeLeaders, ChangeIsrs,
     )
 }
 
@@ -336,7 +356,6 @@ _REPORT_LEADER = {
 _LEADER_RETURNED = {
     "stream": _NAME, "partition": _PARTITION, "leader": _BROKER, "leader_epoch": _EPOCH, **_POSITION,
 }
-_ISR_CHANGE = {**SCHEMAS[ChangeIsr.OP], "epoch": _EPOCH}
 
 # Requests that the metadata leader decides on before it proposes a command (forwarded over
 # NATS by other nodes): request -> {argument: check}, every argument required. The plural ones
@@ -354,8 +373,7 @@ REQUESTS: dict[str, dict[str, Check]] = {
     "report_leaders": {"items": _batch_of(_record(_REPORT_LEADER), ("stream", "partition"))},
     "leader_returned": _LEADER_RETURNED,
     "leaders_returned": {"items": _batch_of(_record(_LEADER_RETURNED), ("stream", "partition"))},
-    # Several ISR changes of one leader's partitions, each proposed as its own change_isr (so each
-    # has its own outcome); one change per partition and replica.
+    # A leader's ISR changes, proposed as one ChangeIsrs command; each item has its own outcome.
     "change_isrs": {"items": _batch_of(_record(_ISR_CHANGE), ("name", "partition", "replica"))},
     "join_consumer_group": {**_GROUP_MEMBER, "streams": _group_streams},
     "report_group_coordinator": {**_GROUP_MEMBER, "coordinator": _BROKER, "epoch": _EPOCH},
