@@ -53,14 +53,19 @@ class CpuMeter:
     def __init__(self, pids: Iterable[int | None]) -> None:
         self.pids = [p for p in pids if p is not None]
         self._start = 0.0
+        self._each: list[float] = []
         self.seconds = 0.0
+        self.each: dict[int, float] = {}  # CPU seconds of each process, after stop()
 
     def start(self) -> CpuMeter:
-        self._start = cpu_seconds(self.pids)
+        self._each = [cpu_seconds([pid]) for pid in self.pids]
+        self._start = sum(self._each)
         return self
 
     def stop(self) -> float:
-        self.seconds = cpu_seconds(self.pids) - self._start
+        each = [cpu_seconds([pid]) for pid in self.pids]
+        self.each = {pid: now - then for pid, now, then in zip(self.pids, each, self._each, strict=True)}
+        self.seconds = sum(each) - self._start
         return self.seconds
 
 

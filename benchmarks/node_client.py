@@ -139,16 +139,20 @@ async def run_node(setup: NodeSetup, arguments: list[str], cpu_pids: list[int | 
 
 
 async def raw_publish(address: str, stream: str, count: int, window: int, size: int, ack_policy: str,
-                      cpu_pids: list[int | None], timeout: float, ids: bool = False) -> dict[str, Any]:
+                      cpu_pids: list[int | None], timeout: float, ids: bool = False,
+                      leader_pid: int | None = None) -> dict[str, Any]:
     """benchmarks/raw_publish.py: PublishAsync from a client that writes a window of requests at once
     (the servers' cost, not grpc-js's), with a message id on each if ``ids``; its figures and
-    ``server_cpu_us_per_msg``."""
+    ``server_cpu_us_per_msg`` (and ``leader_cpu_us_per_msg``, the partition leader's process alone,
+    given ``leader_pid``)."""
     arguments = [sys.executable, str(REPO_ROOT / "benchmarks" / "raw_publish.py"), address, stream, str(count),
                  str(window), str(size), ack_policy, *(["ids"] if ids else [])]
     result = await run_client(arguments, cpu_pids, timeout, REPO_ROOT)
     if result.get("errors") or result.get("messages") != count:
         raise BenchError(f"raw publish: {result.get('messages')} of {count} acked, {result.get('errors')} failed")
     result["server_cpu_us_per_msg"] = 1e6 * result["server_cpu_seconds"] / count
+    if leader_pid is not None:
+        result["leader_cpu_us_per_msg"] = 1e6 * result["server_cpu_seconds_by_pid"].get(leader_pid, 0.0) / count
     return result
 
 
@@ -190,6 +194,7 @@ async def run_client(command: list[str], cpu_pids: list[int | None], timeout: fl
         with contextlib.suppress(Exception):
             await asyncio.wait_for(process.wait(), 5)
     result["server_cpu_seconds"] = cpu.seconds
+    result["server_cpu_seconds_by_pid"] = cpu.each
     return result
 
 

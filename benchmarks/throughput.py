@@ -123,11 +123,13 @@ async def _acked_bascule(ctx: Context, replicas: int, scenario: str, sync_always
                 async with maybe_profile(ctx, f"{scenario}-{variant}", sys_.node_pids(), profiled):
                     result = await node_client.raw_publish(
                         sys_.address_of(leader), stream, count, window, size, "ALL", sys_.server_pids(),
-                        timeout=ctx.args.stall_timeout + count / 100, ids=variant == "raw_grpc_ids")
+                        timeout=ctx.args.stall_timeout + count / 100, ids=variant == "raw_grpc_ids",
+                        leader_pid=sys_.node_pids().get(leader))
                 await sys_.client().delete_stream(stream)
                 return {f"{variant}_rate": result["rate"], f"{variant}_p50_ms": result["p50_ms"],
                         f"{variant}_p99_ms": result["p99_ms"],
                         f"{variant}_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                        f"{variant}_leader_cpu_us_per_msg": result.get("leader_cpu_us_per_msg"),
                         f"{variant}_client_cpu_us_per_msg": result["client_cpu_us_per_msg"]}
             if variant == "grpc":
                 kind = "bascule_acked_grpc"
