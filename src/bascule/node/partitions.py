@@ -95,6 +95,8 @@ class Partitions:
         # Leader epochs a replica of this run lost entries under (its fsync failed): handed back, never resumed.
         self._not_resumed: set[tuple[str, int, int]] = set()
         self._recovering: dict[tuple[str, int], int] = {}  # reopened replicas' synced ends, to cut back to
+        self._wanted_of: MetadataState | None = None
+        self._wanted_here: dict[tuple[str, int], tuple[Stream, Partition]] = {}
         # The partition metadata and stream settings each replica was last brought up as (reconcile skips it
         # while they stay the same objects).
         self._applied: dict[tuple[str, int], tuple[Partition, Mapping[str, Any]]] = {}
@@ -203,7 +205,9 @@ class Partitions:
                 (s, p, epoch) for s, p, epoch in self._not_resumed
                 if (s, p) in wanted and wanted[s, p][1].leader_epoch == epoch
             }
-            for key in [k for k in self._local if k not in wanted]:
+            # Gone, or of a stream deleted and created again under its name (both seen in one reconcile).
+            for key in [k for k, local in self._local.items()
+                        if k not in wanted or local.replica.log.directory != self.directory(wanted[k][0], k[1])]:
                 await self._close(key, delete=True)
             assigned = {self.directory(s, p.id) for s, p in wanted.values()}
             await asyncio.to_thread(self._remove_unassigned_directories, assigned)
@@ -231,13 +235,18 @@ class Partitions:
         else:
             self._applied[key] = (partition, stream.settings)
 
-    def _wanted(self, state: MetadataState) -> dict[tuple[str, int], tuple[Stream, Partition]]:
-        return {
-            (s.name, p.id): (s, p)
-            for s in state.streams.values()
-            for p in s.partitions.values()
-            if self.server_id in p.replicas
-        }
+    def _wanted(self, state: MetadataState) -> Mapping[tuple[str, int], tuple[Stream, Partition]]:
+        # Asked every second by the maintenance walk too: worked out once per metadata state (an
+        # immutable value, replaced by every command).
+        if state is not self._wanted_of:
+            self._wanted_of = state
+            self._wanted_here = {
+                (s.name, p.id): (s, p)
+                for s in state.streams.values()
+                for p in s.partitions.values()
+                if self.server_id in p.replicas
+            }
+        return self._wanted_here
 
     def _remove_unassigned_directories(self, assigned: set[Path]) -> None:
         """Partition directories the metadata no longer assigns here (a stream deleted while this
