@@ -14,6 +14,7 @@ three nodes: the metadata group keeps its majority with one of them down, as a r
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -413,3 +414,45 @@ def test_a_killed_node_leading_many_partitions_is_replaced_in_every_one_by_batch
         cluster.nodes[victim].start()
 
     scenario(script, nodes=3, partitions=24, min_isr=2)
+
+
+def test_a_node_that_sees_a_stream_deleted_and_created_again_at_once_opens_the_new_one() -> None:
+    """A node cut off from the metadata while a stream is deleted and created again learns both in one
+    reconcile: its replica of the old stream is closed and its files go (found by the nemesis: the
+    replica was kept, its directory removed under it as unassigned); it opens the new stream's."""
+    async def script(cluster: SimCluster) -> None:
+        await acked(cluster, 2)
+        leader = cluster.metadata.leader
+        assert leader is not None
+        lagging = sorted(set(cluster.nodes) - {leader})[0]
+        core = cluster.nodes[leader].core
+        assert core is not None
+
+        def replica_directory() -> object:
+            node_core = cluster.nodes[lagging].core
+            local = node_core.partitions.get("other", 0) if node_core is not None else None
+            return None if local is None or not local.started else local.replica.log.directory
+
+        async def create() -> int:
+            await core.metadata.call("create_stream", name="other", subject="other", group="",
+                                     replication_factor=3, partitions=1, settings={})
+            return cluster.metadata.state.streams["other"].created
+
+        await create()
+        await cluster.until("the replica of the first stream", lambda: replica_directory() is not None)
+        old_directory = replica_directory()
+        cluster.metadata.cut(lagging)
+        await core.metadata.call("delete_stream", name="other")
+        created = await create()
+        cluster.metadata.reconnect()
+        await cluster.until(
+            "the replica of the new stream",
+            lambda: replica_directory() is not None and f"@{created}" in str(replica_directory()),
+        )
+        new_directory = replica_directory()
+        assert isinstance(new_directory, Path) and new_directory.is_dir()
+        assert isinstance(old_directory, Path) and not old_directory.exists()
+        node_core = cluster.nodes[lagging].core
+        assert node_core is not None and node_core.partitions.get("other", 0).replica.failed is None
+
+    scenario(script, nodes=3)
