@@ -98,8 +98,12 @@ class FetchSession:
         contact = (self.clock(), answer.leader_time)
         if self._contact is None or contact[1] >= self._contact[1]:
             self._contact = contact
-        for parked in chunk:
-            parked.contact = contact
+        # Every parked item, not only this round's: the next round echoes this reading for all of
+        # them, and an item parked while this one was on its way must not report the leader before
+        # the echo allows (its lease). A later contact only ever delays a report.
+        for parked in self._parked:
+            if parked.contact is None or parked.contact[1] < contact[1]:
+                parked.contact = contact
         for index in answer.news:
             chunk[index].wake.set()
 
