@@ -149,3 +149,14 @@ async def test_a_metadata_leader_that_does_not_know_batches_gets_each_item_alone
     batches = MetadataBatches(refusing, lambda: 1024 * 1024, spawn, window=0.01)
     with pytest.raises(MetadataError, match="repeat"):
         await batches.report_leader("s", 0, "a", 3, "b")
+
+
+def test_elections_are_cut_into_commands_by_count_and_by_encoded_size():
+    from bascule.metadata.service import COMMAND_BUDGET, _chunks
+    from bascule.wire.commands import MAX_BATCH_ITEMS
+
+    keys = [("s", p) for p in range(2500)]
+    assert [len(c) for c in _chunks(keys, [10] * 2500)] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 452]
+    big = COMMAND_BUDGET // 3 + 1  # say, ISRs of 64 long broker ids
+    chunks = _chunks(keys[:7], [big] * 7)
+    assert [len(c) for c in chunks] == [2, 2, 2, 1] and sum(chunks, []) == keys[:7]

@@ -19,7 +19,7 @@ from nats.errors import Error as NatsError
 from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.groups import CoordinatorReports, choose_coordinator
 from bascule.metadata.placement import PlacementError, place
-from bascule.metadata.raft import MetadataError, NoMetadataLeader
+from bascule.metadata.raft import MAX_COMMAND_BYTES, MetadataError, NoMetadataLeader
 from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.state import (
     FAILED_PRECONDITION,
@@ -80,6 +80,8 @@ GatherPositions = Callable[[Mapping[PartitionKey, Collection[str]]], Awaitable[d
 # What an item of a batched request (``change_isrs``) answers: None when done, else a MetadataError's
 # [code, message], the message cut to this many characters (a batch's answer stays far below a NATS message).
 MAX_ITEM_MESSAGE = 200
+# What a ChangeLeaders command's items may add up to (encoded): half of what a metadata command may be.
+COMMAND_BUDGET = MAX_COMMAND_BYTES // 2
 
 
 class MetadataService:
@@ -439,15 +441,14 @@ class MetadataService:
             ))
             self._elections.elected(key, decision.leader_epoch + 1, self.clock())
             return
-        for start in range(0, len(keys), MAX_BATCH_ITEMS):
-            chunk = keys[start:start + MAX_BATCH_ITEMS]
+        items = {
+            key: {"name": key[0], "partition": key[1], "leader": decision.leader,
+                  "leader_epoch": decision.leader_epoch, "epoch": decision.epoch, "isr": list(decision.isr)}
+            for key, decision in decisions.items()
+        }
+        for chunk in _chunks(keys, [len(_pack(items[key])) for key in keys]):
             log.info("proposing %d elections in one command", len(chunk))
-            await self.raft.propose(ChangeLeaders(items=[
-                {"name": key[0], "partition": key[1], "leader": decisions[key].leader,
-                 "leader_epoch": decisions[key].leader_epoch, "epoch": decisions[key].epoch,
-                 "isr": list(decisions[key].isr)}
-                for key in chunk
-            ]))
+            await self.raft.propose(ChangeLeaders(items=[items[key] for key in chunk]))
             state, now = self.raft.state, self.clock()
             for key in chunk:
                 found = state.partition(*key)
@@ -481,6 +482,20 @@ class MetadataService:
             members = self.raft.members()
         reply = _pack({"members": sorted(set(members) | {address})})
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
+
+
+def _chunks(keys: list[PartitionKey], sizes: list[int]) -> list[list[PartitionKey]]:
+    """``keys`` in runs of at most MAX_BATCH_ITEMS whose items' encoded ``sizes`` add up to at most
+    COMMAND_BUDGET (a run of one may be bigger: the proposal then refuses it)."""
+    chunks: list[list[PartitionKey]] = [[]]
+    size = 0
+    for key, item_size in zip(keys, sizes):
+        if chunks[-1] and (len(chunks[-1]) >= MAX_BATCH_ITEMS or size + item_size > COMMAND_BUDGET):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(key)
+        size += item_size
+    return [chunk for chunk in chunks if chunk]
 
 
 def _partition_view(partition: Partition | None) -> PartitionView | None:
