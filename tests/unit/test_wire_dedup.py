@@ -3,7 +3,7 @@
 import hashlib
 
 import pytest
-from google.protobuf.message import DecodeError
+from garbled_requests import garbled, outcome
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -154,32 +154,15 @@ def damaged_requests():
     return st.tuples(publish_requests, flips, st.integers(0, 10_000) | st.none())
 
 
-def damage(request, flips, cut) -> bytes:
-    data = bytearray(request.SerializeToString())
-    for at, mask in flips:
-        if data:
-            data[at % len(data)] ^= mask
-    if cut is not None:
-        del data[cut % (len(data) + 1):]
-    return bytes(data)
-
-
-def decoded_or_error(decode):
-    try:
-        return decode()
-    except DecodeError:
-        return "DecodeError"
-
-
 @given(damaged_requests())
 def test_garbage_decodes_alike_with_its_id_taken_out_or_not(damaged):
-    data = damage(*damaged)
+    data = garbled(*damaged)
     split = split_message_id_python(data)
-    whole = decoded_or_error(lambda: api_pb2.PublishRequest.FromString(data))
+    whole = outcome(lambda: api_pb2.PublishRequest.FromString(data))
     if split is not None:
-        assert decoded_or_error(lambda: decoded_again(*split)) == whole
-    assert decoded_or_error(lambda: decode_with_id_python(api_pb2.PublishRequest.FromString, data)[0]) == \
-        (whole if split is None else decoded_or_error(lambda: api_pb2.PublishRequest.FromString(split[0])))
+        assert outcome(lambda: decoded_again(*split)) == whole
+    assert outcome(lambda: decode_with_id_python(api_pb2.PublishRequest.FromString, data)[0]) == \
+        (whole if split is None else outcome(lambda: api_pb2.PublishRequest.FromString(split[0])))
 
 
 @given(st.binary(max_size=300))

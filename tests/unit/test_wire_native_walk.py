@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import crc32c
 import pytest
+from garbled_requests import garbled, outcome
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -270,23 +271,6 @@ publish_requests = st.builds(
     partition=st.integers(-5, 5), correlationId=st.text(max_size=8), ackPolicy=st.sampled_from([0, 1, 2]),
     expectedOffset=st.integers(-(2**63), 2**63 - 1), headers=_ID_HEADERS,
 )
-
-
-def garbled(request: api_pb2.PublishRequest, flips: list[tuple[int, int]], cut: int | None) -> bytes:
-    data = bytearray(request.SerializeToString())
-    for at, mask in flips:
-        if data:
-            data[at % len(data)] ^= mask
-    if cut is not None:
-        del data[cut % (len(data) + 1):]
-    return bytes(data)
-
-
-def outcome(call):
-    try:
-        return call()
-    except DecodeError:
-        return "DecodeError"
 
 
 @settings(max_examples=400)
