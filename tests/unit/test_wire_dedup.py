@@ -7,7 +7,7 @@ from garbled_requests import garbled, outcome
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bascule.wire import capture
+from bascule.wire import capture, dedup
 from bascule.wire.dedup import (
     MESSAGE_ID_HEADER,
     decode_with_id_python,
@@ -47,6 +47,17 @@ def test_the_id_in_front_of_a_shared_block_encodes_as_encode_headers_would(raw_i
     headers, encoded = headers_with_id(raw_id, shared, block)
     assert headers == {MESSAGE_ID_HEADER: raw_id, **shared}
     assert encoded == encode_headers(headers)
+
+
+def test_the_blocks_kept_around_ids_stay_within_their_bound_and_encode_alike_past_it():
+    """A publisher with a new subject or reply per message must not grow the cache of shared
+    blocks without bound: past it the cache starts again, and every encoding stays right."""
+    for n in range(dedup._AROUND_ID_CACHE_SIZE * 2 + 10):
+        shared, block = capture.stored_headers(f"subject.{n}", f"reply.{n}")
+        headers, encoded = headers_with_id(b"id-%d" % n, shared, block)
+        assert len(dedup._around_id) <= dedup._AROUND_ID_CACHE_SIZE
+        if n % 997 == 0:
+            assert encoded == encode_headers(headers)
 
 
 _HEADER_NAMES = st.sampled_from([MESSAGE_ID_HEADER, "subject", "reply", "h", "Nats-Msg-Id-x", "nats-msg-id"])
