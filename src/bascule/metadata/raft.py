@@ -8,6 +8,8 @@ state, an immutable value that the tick thread replaces and never changes.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pysyncobj.syncobj
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.encryptor import SALT as PYSYNCOBJ_SALT
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TransportNotReadyError
@@ -125,6 +132,30 @@ def raft_conf(data_dir: Path, bind_address: str, password: str | None) -> SyncOb
     )
 
 
+# pysyncobj derives its session key from the password with PBKDF2-SHA256 at this many rounds on
+# every start (16-24 ms of a restart here); the derived key is kept in the Raft directory instead.
+PYSYNCOBJ_KDF_ROUNDS = 100_000
+_KEY_PERSON = b"bascule-raftkey"
+
+
+def raft_encryptor(key_file: Path, password: str) -> Fernet:
+    """pysyncobj's session encryptor for ``password`` (the key it would derive), derived once:
+    ``key_file`` keeps the key beside a digest of the password it came from, and a changed
+    password, or a damaged file, derives it again. The file is as secret as the password, and as
+    private as the Raft journal beside it."""
+    digest = hashlib.blake2b(password.encode(), digest_size=16, person=_KEY_PERSON).hexdigest()
+    try:
+        stored_digest, stored_key = key_file.read_text().split()
+        if stored_digest == digest:
+            return Fernet(stored_key.encode())
+    except (OSError, ValueError):
+        pass  # none yet, or not one this password made: derive it
+    kdf = PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=PYSYNCOBJ_SALT, iterations=PYSYNCOBJ_KDF_ROUNDS)
+    key = base64.urlsafe_b64encode(kdf.derive(password.encode()))
+    durable.write_atomically(key_file, f"{digest} {key.decode()}\n")
+    return Fernet(key)
+
+
 class MetadataRaft:
     def __init__(
         self,
@@ -141,6 +172,9 @@ class MetadataRaft:
         install_durable_storage()  # before SyncObj opens its journal
         raft_port.install()
         SyncObj._autoTickThread = _tick_thread
+        # SyncObj asks for its encryptor as it starts, before any connection: this node's is kept.
+        key_file = data_dir / "raft" / "key"
+        pysyncobj.syncobj.getEncryptor = lambda secret: raft_encryptor(key_file, secret)
         self._sync = SafeSyncObj(
             address, peers, raft_conf(data_dir, address, password), consumers=[self._store]
         )
