@@ -106,3 +106,15 @@ def test_garbage_notifications_are_refused_or_read_never_anything_else(data):
             sessions.decode_notifications(framed)
         except EnvelopeError:
             pass
+
+
+def test_rounds_and_notifications_are_cut_at_the_item_bound_and_at_a_message_s_size():
+    from bascule.partition.session import fitting
+
+    many = [("s", p) for p in range(sessions.MAX_ITEMS * 2 + 1)]
+    chunks = fitting(many, lambda key: key[0], 64 << 20)
+    assert [len(c) for c in chunks] == [sessions.MAX_ITEMS, sessions.MAX_ITEMS, 1]
+    assert [key for chunk in chunks for key in chunk] == many
+    long_names = [("x" * 1000, p) for p in range(40)]
+    for chunk in fitting(long_names, lambda key: key[0], 8192):
+        assert len(sessions.encode_notifications(chunk)) <= 8192
