@@ -20,7 +20,7 @@ from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog
 from bascule.partition.replica import PartitionReplica, SyncPolicy
-from bascule.partition.session import FetchSessions, SessionEndpoint
+from bascule.partition.session import FetchSession, FetchSessions, SessionEndpoint
 from bascule.testing.local import LocalNatsServer
 from bascule.wire import sessions
 from bascule.wire.entry import Record
@@ -65,8 +65,11 @@ async def node_pair(tmp_path) -> AsyncIterator[Pair]:
         spy = await nats.connect(server.url)
         closing += [spy.close, follower_nc.client.close, leader_nc.client.close]
         pair = Pair(leader_nc, follower_nc, {}, {}, FetchSessions(
-            follower_nc, SUBJECTS, "F", SETTINGS.machine_config().max_idle_wait, SETTINGS.request_timeout,
-            time.monotonic, lambda work, name: tasks.append(asyncio.create_task(work, name=name)),
+            lambda leader: FetchSession(
+                follower_nc, SUBJECTS, "F", leader, SETTINGS.machine_config().max_idle_wait,
+                SETTINGS.request_timeout, time.monotonic,
+            ),
+            lambda work, name: tasks.append(asyncio.create_task(work, name=name)),
         ))
 
         async def count(msg) -> None:

@@ -1,13 +1,15 @@
 """A fetch session's rounds and what they tell the parked items (bascule.partition.session), on the
-in-memory bus: an answered round is contact for every parked item, a failed one wakes its items."""
+in-memory bus: an answered round is contact for every parked item, a failed one wakes its items;
+and a leader node's notifications."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
-from bascule.partition.session import FetchSession
+from bascule.partition.session import FetchSession, Notifications
 from bascule.testing.bus import MemoryBus
 from bascule.wire import sessions
 from bascule.wire.sessions import ParkedItem
@@ -65,3 +67,32 @@ async def test_a_round_without_an_answer_wakes_its_items_as_failed() -> None:
         assert parked.failed and parked.contact is None
     finally:
         rounds.cancel()
+
+
+async def test_notifications_keep_each_partition_once_per_follower_node_and_go_in_the_next_turn() -> None:
+    """Their bound: one entry per (follower node, partition), however often it is notified in a
+    turn, and nothing pending once the turn's messages went."""
+    bus = MemoryBus(seed=1)
+    leader, follower = bus.node("L"), bus.node("F")
+    received: list[list[tuple[str, int]]] = []
+
+    async def on_notification(msg) -> None:
+        received.append(sessions.decode_notifications(msg.data))
+
+    await follower.subscribe(SUBJECTS.notify("F"), cb=on_notification)
+    spawned: list[asyncio.Task] = []
+    notifications = Notifications(leader, SUBJECTS, lambda work, name: spawned.append(asyncio.create_task(work)))
+    replicas = [SimpleNamespace(stream="s", partition=p) for p in range(3)]
+    for _ in range(100):
+        for replica in replicas:
+            notifications.notify(replica, ["F"])  # type: ignore[arg-type]
+    notifications.notify(replicas[0], [])  # type: ignore[arg-type]
+    assert sum(len(partitions) for partitions in notifications._pending.values()) == 3
+    await asyncio.sleep(0)
+    assert notifications._pending == {}
+    await asyncio.gather(*spawned)
+    for _ in range(100):
+        if received:
+            break
+        await asyncio.sleep(0.01)
+    assert received == [[("s", 0), ("s", 1), ("s", 2)]]

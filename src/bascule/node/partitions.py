@@ -33,7 +33,7 @@ from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog, LogConfig
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.replication.dedup import DedupLimits
-from bascule.partition.session import FetchSessions, Notifications, SessionEndpoint
+from bascule.partition.session import FetchSession, FetchSessions, Notifications, SessionEndpoint
 from bascule.wire import envelope
 from bascule.wire.names import directory_name, partition_subject
 from bascule.wire.sessions import decode_notifications
@@ -105,9 +105,10 @@ class Partitions:
             clustering.replica_fetch_timeout, clustering.replica_max_leader_timeout, clustering.replica_max_idle_wait
         )
         # Caught-up followers fetch no more often than the machine's idle wait: nor do the rounds.
+        interval = self._follower_settings.machine_config().max_idle_wait
+        request_timeout = self._follower_settings.request_timeout
         self.sessions = FetchSessions(
-            nc, subjects, server_id, self._follower_settings.machine_config().max_idle_wait,
-            self._follower_settings.request_timeout, clock, tasks.start,
+            lambda leader: FetchSession(nc, subjects, server_id, leader, interval, request_timeout, clock), tasks.start,
         )
         self._session_endpoint = SessionEndpoint(nc, subjects, server_id, self._leading_replica, clock)
         self._notifications = Notifications(nc, subjects, tasks.spawn)

@@ -58,9 +58,8 @@ class LeaderEndpoint:
         if request is None:
             return
         replica = self.replica
-        replica.fence(request.leaderEpoch)
-        if not replica.is_leader or request.leaderEpoch != replica.leader_epoch:
-            await self._not_leader(msg)  # a deposed leader, or a follower of another epoch: no data
+        if not replica.serves_epoch(request.leaderEpoch):
+            await self._not_leader(msg)
             return
         try:
             data = replica.serve_fetch(
@@ -101,8 +100,7 @@ class LeaderEndpoint:
         request = _decode(msg, envelope.MsgType.LEADER_EPOCH_OFFSET_REQUEST, internal_pb2.LeaderEpochOffsetRequest)
         if request is None:
             return
-        self.replica.fence(request.currentLeaderEpoch)
-        if not self.replica.is_leader or request.currentLeaderEpoch != self.replica.leader_epoch:
+        if not self.replica.serves_epoch(request.currentLeaderEpoch):
             await self._not_leader(msg)
             return
         epoch, end_offset = self.replica.epoch_end(request.leaderEpoch)

@@ -265,6 +265,14 @@ class PartitionReplica:
             self.leader = ""
             self._wake_readers()
 
+    def serves_epoch(self, leader_epoch: int) -> bool:
+        """Whether this replica answers a follower's request (a fetch, a fetch session's item, an
+        epoch query) made in ``leader_epoch``: it fences first (a newer epoch ends its leadership
+        at once), and only the leader of exactly that epoch answers, so that a deposed leader, or a
+        follower of another epoch, gets nothing from it."""
+        self.fence(leader_epoch)
+        return self.is_leader and leader_epoch == self.leader_epoch
+
     def become_follower(self, leader_id: str, leader_epoch: int) -> None:
         self._apply(self._leader.step_down())
         self.leader, self.leader_epoch = leader_id, leader_epoch

@@ -111,25 +111,15 @@ class FetchSession:
 class FetchSessions:
     """This node's fetch sessions as a follower, one per leader node, each with its rounds' task."""
 
-    def __init__(
-        self, nc: Transport, subjects: Subjects, server_id: str, interval: float, request_timeout: float,
-        clock: Callable[[], float], start_task: StartTask,
-    ) -> None:
-        self.nc = nc
-        self.subjects = subjects
-        self.server_id = server_id
-        self.interval = interval
-        self.request_timeout = request_timeout
-        self.clock = clock
+    def __init__(self, new_session: Callable[[str], FetchSession], start_task: StartTask) -> None:
+        self.new_session = new_session  # the session to a leader node, by its server id
         self.start_task = start_task
         self._sessions: dict[str, FetchSession] = {}
 
     def to(self, leader: str) -> FetchSession:
         session = self._sessions.get(leader)
         if session is None:
-            session = self._sessions[leader] = FetchSession(
-                self.nc, self.subjects, self.server_id, leader, self.interval, self.request_timeout, self.clock,
-            )
+            session = self._sessions[leader] = self.new_session(leader)
             self.start_task(session.run(), f"fetch session to {leader}")
         return session
 
@@ -166,10 +156,7 @@ class SessionEndpoint:
 
     def _must_fetch(self, follower: str, leader_time: float, item: ParkedItem) -> bool:
         replica = self.replica(item.stream, item.partition)
-        if replica is None:
-            return True
-        replica.fence(item.leader_epoch)
-        if not replica.is_leader or item.leader_epoch != replica.leader_epoch:
+        if replica is None or not replica.serves_epoch(item.leader_epoch):
             return True
         return replica.serve_parked(follower, item.offset, item.hw, item.leader_epoch, leader_time)
 
@@ -182,10 +169,13 @@ class Notifications:
         self.nc = nc
         self.subjects = subjects
         self.spawn = spawn
+        # Follower node -> the partitions to wake there, in order. Bound: one entry per (follower
+        # node, partition led here), kept once however often it is notified, and emptied by the
+        # next turn of the loop (``_send``, scheduled with the first entry).
         self._pending: dict[str, dict[tuple[str, int], None]] = {}
 
     def notify(self, replica: PartitionReplica, followers: list[str]) -> None:
-        if not self._pending:
+        if followers and not self._pending:
             asyncio.get_running_loop().call_soon(self._send)
         for follower in followers:
             self._pending.setdefault(follower, {})[replica.stream, replica.partition] = None
