@@ -16,3 +16,18 @@ def test_the_server_starts_without_grpcio_prometheus_client_or_casbin(module):
     probe = f"import sys, {module}; print(sorted(m for m in {LEFT_OUT!r} if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_the_server_defers_nats_js_until_used():
+    probe = (
+        "import sys\n"
+        "from bascule.deferred_imports import defer_submodules\n"
+        "defer_submodules()\n"
+        "import bascule.server\n"
+        "loaded_at_start = 'nats.js.api' in sys.modules\n"
+        "import nats\n"
+        "status = nats.js.api.Header.STATUS.value\n"  # what nats-py reads for a no-responders status
+        "print(loaded_at_start, status, sys.modules['nats.js'] is nats.js)\n"
+    )
+    printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert printed.split() == ["False", "Status", "True"]

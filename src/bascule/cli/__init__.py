@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["server", *go_style_flags(argv[1:])]
     args = build_parser().parse_args(argv)
     if args.command == "server":
+        from bascule.deferred_imports import defer_submodules
+
+        defer_submodules()
         from bascule.server import run_from_args
 
         return run_from_args(args)

@@ -1,0 +1,60 @@
+"""Modules a dependency imports at its own import but the server uses rarely or never, loaded on
+first use instead.
+
+nats-py's client imports its JetStream API (``nats.js``: 20 ms of every start, about a tenth of the
+server's imports) only to read two header names from it, and only for messages carrying a status
+(a request that found no responders, a flow control). The server is not a JetStream client: most
+starts never touch it.
+
+The standard library's ``importlib.util.LazyLoader`` cannot stand in here on Python 3.11: the import
+statement reads a module's ``__spec__`` when it finds it in ``sys.modules``, and that read loads a
+lazy module. A placeholder module with the real one's spec and path, whose attributes (PEP 562's
+module ``__getattr__``) import the real one, is found and bound without loading anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Any
+
+# (package, submodule): the package is imported here, the submodule only when first used.
+SERVER_DEFERRED = (("nats", "js"),)
+
+
+def defer_submodules(deferred: tuple[tuple[str, str], ...] = SERVER_DEFERRED) -> None:
+    """Imports each package of ``deferred`` with its submodule loaded only when first used. A package
+    already imported, or a submodule not found where the package is, is left as it is."""
+    for package, child in deferred:
+        if package in sys.modules:
+            continue
+        package_spec = importlib.util.find_spec(package)  # found, not imported
+        locations = package_spec.submodule_search_locations if package_spec is not None else None
+        name = f"{package}.{child}"
+        spec = importlib.machinery.PathFinder.find_spec(name, locations) if locations else None
+        if spec is None:
+            continue
+        sys.modules[name] = _placeholder(spec)
+        importlib.import_module(package)
+        if name in sys.modules and not hasattr(sys.modules[package], child):
+            # A submodule found in sys.modules is not bound to its package by the import statement.
+            setattr(sys.modules[package], child, sys.modules[name])
+
+
+def _placeholder(spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+    """A module standing for ``spec``'s until one of its attributes is read, which imports the real
+    one (bound to its package and ``sys.modules`` in the placeholder's stead) and reads it there."""
+    placeholder = types.ModuleType(spec.name)
+    placeholder.__spec__ = spec
+    placeholder.__path__ = list(spec.submodule_search_locations or [])  # its submodules import as usual
+
+    def load(attribute: str) -> Any:
+        if sys.modules.get(spec.name) is placeholder:
+            del sys.modules[spec.name]
+        return getattr(importlib.import_module(spec.name), attribute)
+
+    placeholder.__getattr__ = load  # type: ignore[method-assign]
+    return placeholder
