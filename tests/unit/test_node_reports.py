@@ -36,20 +36,36 @@ async def test_requests_within_the_window_go_as_one_batch_and_each_hears_its_own
     outcomes = await asyncio.gather(*(batcher.submit({"n": n}) for n in range(50)))
     assert outcomes == [n * 10 for n in range(50)]
     assert [len(batch) for batch in send.batches] == [50]
-    # A request after the batch went starts the next one.
-    assert await batcher.submit({"n": 7}) == 70
-    assert [len(batch) for batch in send.batches] == [50, 1]
+    # Requests within the window of that batch wait for it, and go as one.
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    later = [asyncio.ensure_future(batcher.submit({"n": n})) for n in range(3)]
+    await asyncio.sleep(0.002)
+    later.append(asyncio.ensure_future(batcher.submit({"n": 3})))
+    assert await asyncio.gather(*later) == [0, 10, 20, 30]
+    assert loop.time() - started >= 0.01
+    assert [len(batch) for batch in send.batches] == [50, 4]
+
+
+async def test_a_request_after_a_quiet_window_goes_at_once():
+    send = Recorder()
+    batcher = Batcher("t", send, spawn, lambda: 10**6, window=10.0)
+    assert await asyncio.wait_for(batcher.submit({"n": 1}), 1.0) == 10
+    batcher._last_batch -= 10.0  # the window since that batch has passed
+    assert await asyncio.wait_for(batcher.submit({"n": 2}), 1.0) == 20
+    assert send.batches == [[{"n": 1}], [{"n": 2}]]
 
 
 async def test_a_request_withdrawn_before_its_batch_goes_leaves_it():
     send = Recorder()
     batcher = Batcher("t", send, spawn, lambda: 10**6, window=0.05)
+    assert await batcher.submit({"n": 0}) == 0
     kept = asyncio.ensure_future(batcher.submit({"n": 1}))
     withdrawn = asyncio.ensure_future(batcher.submit({"n": 2}))
     await asyncio.sleep(0.01)
     withdrawn.cancel()
     assert await kept == 10
-    assert send.batches == [[{"n": 1}]]
+    assert send.batches == [[{"n": 0}], [{"n": 1}]]
 
 
 async def test_batches_are_cut_at_the_item_limit_and_at_the_byte_limit():

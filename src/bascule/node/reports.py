@@ -4,7 +4,8 @@ A node that loses a leader of many partitions finds each of them silent in its o
 and a leader that loses a follower asks to shrink each of its ISRs: one request per partition kept
 the metadata leader busy one partition at a time (a failed node leading 334 of 1,000 partitions took
 34 s to replace). Here each kind of request made within one short window (``BATCH_WINDOW``) goes as
-one request naming every partition, as Kafka's brokers do with their controller:
+one request naming every partition, as Kafka's brokers do with their controller (a request after a
+quiet window goes at once, so that a lone one, a restarted node's returning partition, waits for none):
 
 - ``report_leaders``: "the leader of each of these partitions is silent" (``report_leader``'s items);
   the metadata leader counts each report by the witness rule and elects all those whose leader
@@ -51,7 +52,8 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any] | None"]
 class Batcher:
     """Gathers items submitted within ``window`` seconds of the first into one ``send`` (several when
     they exceed ``max_items`` or ``max_bytes`` of msgpack); each submitter gets its own item's outcome,
-    or the batch's failure."""
+    or the batch's failure. The first item after a quiet window goes at once, with those of its loop
+    turn."""
 
     def __init__(
         self, name: str, send: SendBatch, spawn: Spawn, max_bytes: Callable[[], int], window: float = BATCH_WINDOW,
@@ -65,6 +67,7 @@ class Batcher:
         self.max_bytes = max_bytes  # read when a batch is cut: the transport's limit, known once connected
         self._pending: list[tuple[dict[str, Any], int, asyncio.Future[Any]]] = []
         self._flush: asyncio.TimerHandle | None = None
+        self._last_batch = -window  # when the last batch went (the loop's clock)
         self.batches_sent = 0  # for tests and logs
 
     async def submit(self, item: dict[str, Any]) -> Any:
@@ -75,11 +78,16 @@ class Batcher:
         outcome: asyncio.Future[Any] = loop.create_future()
         self._pending.append((item, size, outcome))
         if self._flush is None:
-            self._flush = loop.call_later(self.window, self._go)
+            # A request that follows no recent batch of its kind (a restarted node's returning
+            # partition, one ISR change) goes with those made in this loop turn, not a window later:
+            # what a burst brings next (a failed node's other partitions) waits for its window.
+            recent = loop.time() - self._last_batch < self.window
+            self._flush = loop.call_later(self.window if recent else 0.0, self._go)
         return await outcome
 
     def _go(self) -> None:
         self._flush = None
+        self._last_batch = asyncio.get_running_loop().time()
         pending = [entry for entry in self._pending if not entry[2].done()]  # cancelled ones leave
         self._pending = []
         batch: list[tuple[dict[str, Any], asyncio.Future[Any]]] = []
