@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bascule.metadata import levels
 from bascule.metadata.election import Role
 from bascule.node import partitions
 from bascule.simulation.cluster import SimCluster, Violation, scenario
@@ -47,9 +48,9 @@ def registered(cluster: SimCluster, node: str) -> bool:
     return broker is not None and broker.incarnation == cluster.nodes[node].incarnation
 
 
-def clean_in_isr(cluster: SimCluster, node: str) -> bool:
+def clean_in_isr(cluster: SimCluster, node: str, partition: int = 0) -> bool:
     """The node's current incarnation is in the ISR and not unclean: it caught up since it started."""
-    current = cluster.metadata.state.partition("sim", 0)
+    current = cluster.metadata.state.partition("sim", partition)
     return registered(cluster, node) and current is not None and node in current.isr and node not in current.unclean
 
 
@@ -379,39 +380,88 @@ def test_a_witness_that_lost_power_after_its_report_is_not_elected_on_its_old_po
 # -- Batched elections (issue 32) ----------------------------------------------------------------
 
 
+async def kill_the_busiest_leader(cluster: SimCluster, spared: str | None = None) -> tuple[str, list[int], int]:
+    """Kill the node leading most partitions (not ``spared``), after moving the metadata leadership off
+    it, once every partition took a write; it, the partitions it led, and the metadata's commit index
+    before the kill. Returns once every partition is led again by a live replica."""
+    for partition in range(cluster.partitions):
+        assert await cluster.publish(partition, b"before-%d" % partition) is not None
+    led = {p: cluster.leader(p) for p in range(cluster.partitions)}
+    victim = max(set(led.values()) - {spared}, key=list(led.values()).count)
+    mine = [p for p, leader in led.items() if leader == victim]
+    if cluster.metadata.leader == victim:
+        cluster.metadata.move_leader(to=sorted(set(cluster.nodes) - {victim})[0])
+    first = cluster.metadata.commit_index
+    cluster.kill(victim)
+    await cluster.until(
+        "every partition led again",
+        lambda: all(cluster.leader(p) != victim and cluster.leading_replica(p) is not None
+                    for p in range(cluster.partitions)),
+        timeout=2.0,
+    )
+    return victim, mine, first
+
+
+def changed_per_command(cluster: SimCluster, first: int, field: str) -> list[int]:
+    """For each command committed after index ``first`` that changed any, how many partitions' ``field``
+    (``leader_epoch``: elections; ``epoch``: any change) it changed."""
+    states = cluster.metadata.states[first:]
+    counts = [
+        sum(getattr(after.partition("sim", p), field) != getattr(before.partition("sim", p), field)
+            for p in range(cluster.partitions))
+        for before, after in zip(states, states[1:])
+    ]
+    return [count for count in counts if count]
+
+
 def test_a_killed_node_leading_many_partitions_is_replaced_in_every_one_by_batched_elections() -> None:
     """The node leading a third of 24 partitions dies: the survivors report their silent leaders in
     batches, and the metadata leader elects several partitions per ChangeLeaders command, each by the
     election rules; within a leader timeout and a second every partition is led again, and writes
     acked before the kill are still there (the invariants)."""
     async def script(cluster: SimCluster) -> None:
-        for partition in range(cluster.partitions):
-            assert await cluster.publish(partition, b"before-%d" % partition) is not None
-        led = {p: cluster.leader(p) for p in range(cluster.partitions)}
-        victim = max(set(led.values()), key=list(led.values()).count)
-        mine = [p for p, leader in led.items() if leader == victim]
+        victim, mine, first = await kill_the_busiest_leader(cluster)
         assert len(mine) == 8
-        if cluster.metadata.leader == victim:
-            cluster.metadata.move_leader(to=sorted(set(cluster.nodes) - {victim})[0])
-        first = cluster.metadata.commit_index
-        cluster.kill(victim)
-        await cluster.until(
-            "every partition led again",
-            lambda: all(cluster.leader(p) != victim and cluster.leading_replica(p) is not None
-                        for p in range(cluster.partitions)),
-            timeout=2.0,
-        )
-        states = cluster.metadata.states[first:]
-        elected = [  # per command after the kill: how many partitions it gave a new leader
-            sum(after.partition("sim", p).leader_epoch != before.partition("sim", p).leader_epoch
-                for p in range(cluster.partitions))
-            for before, after in zip(states, states[1:])
-        ]
-        elected = [count for count in elected if count]
+        elected = changed_per_command(cluster, first, "leader_epoch")
         assert sum(elected) == len(mine) and max(elected) > 1, elected
         for partition in mine:
             assert await cluster.publish(partition, b"after-%d" % partition) is not None
         cluster.nodes[victim].start()
+
+    scenario(script, nodes=3, partitions=24, min_isr=2)
+
+
+def test_while_a_voter_states_the_oldest_metadata_level_each_election_and_isr_change_is_its_own_command() -> None:
+    """A node restarted stating metadata level 0, as a node of a version before ChangeLeaders and
+    ChangeIsrs does (metadata.levels): when the node leading most partitions dies, the metadata
+    leader proposes every election and every ISR change alone (ChangeLeader, ChangeIsr), which that
+    version knows; every partition is led again as quickly, and nothing acked is lost. Once that node
+    restarts stating this version's level, the next failover is batched again."""
+    async def restart_stating(cluster: SimCluster, node: str, level: int) -> None:
+        cluster.kill(node)
+        cluster.nodes[node].metadata_level = level
+        cluster.nodes[node].start()
+        await cluster.until("every partition led, every node clean in its ISR", lambda: all(
+            cluster.leading_replica(p) is not None and all(clean_in_isr(cluster, n, p) for n in cluster.nodes)
+            for p in range(cluster.partitions)
+        ))
+
+    async def script(cluster: SimCluster) -> None:
+        old = sorted(cluster.nodes)[-1]
+        await restart_stating(cluster, old, 0)
+        victim, mine, first = await kill_the_busiest_leader(cluster, spared=old)
+        assert len(mine) >= 8
+        await cluster.until("the ISRs without the dead node", lambda: all(
+            victim not in cluster.metadata.state.partition("sim", p).isr for p in range(cluster.partitions)
+        ))
+        assert sum(changed_per_command(cluster, first, "leader_epoch")) == len(mine)
+        assert set(changed_per_command(cluster, first, "epoch")) == {1}
+        for partition in mine:
+            assert await cluster.publish(partition, b"after-%d" % partition) is not None
+        cluster.nodes[victim].start()
+        await restart_stating(cluster, old, levels.LEVEL)
+        _, mine, first = await kill_the_busiest_leader(cluster)
+        assert max(changed_per_command(cluster, first, "leader_epoch")) > 1
 
     scenario(script, nodes=3, partitions=24, min_isr=2)
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
+from typing import Any, TypeVar, cast
 
 import msgpack
 from nats.errors import Error as NatsError
 
 from bascule.metadata.election import Elect, Elections, PartitionView, Position
 from bascule.metadata.groups import CoordinatorReports, choose_coordinator
+from bascule.metadata.levels import BATCHES, cluster_level
 from bascule.metadata.placement import PlacementError, place
 from bascule.metadata.raft import MAX_COMMAND_BYTES, MetadataError, NoMetadataLeader
 from bascule.metadata.replicated import ReplicatedMetadata
@@ -49,6 +50,7 @@ from bascule.wire.settings import StreamDefaults, min_isr_error
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FORWARD_TIMEOUT = 5.0
 # How long a join request waits for its answer before it is sent again: past JOIN_SETTLE, and short, since
@@ -351,33 +353,40 @@ class MetadataService:
         return set(decisions)
 
     async def _change_isrs(self, items: list[dict[str, Any]]) -> list[list[str] | None]:
-        """A leader's ISR changes of several partitions in one ChangeIsrs command (a ChangeIsr for one);
-        the outcome of each, in order: None when applied, else [code, message]. NoMetadataLeader when
-        the command's outcome is unknown (every item's then is)."""
+        """A leader's ISR changes of several partitions in one ChangeIsrs command, or each in its own
+        ChangeIsr: one alone, or while a voter does not know ChangeIsrs (``metadata.levels``). The outcome
+        of each, in order: None when applied, else [code, message]. NoMetadataLeader when an outcome is
+        unknown (every item's then is)."""
         now = self.clock()
         for item in items:
             if not item["add"]:  # before the outcome, as for a change_isr
                 self._elections.reports.left_isr((item["name"], item["partition"]), item["replica"],
                                                  item["leader_epoch"], now)
+        if len(items) == 1 or not self._batches_known():
+            if len(items) > 1:
+                log.info("proposing %d ISR changes one by one: a metadata voter does not know ChangeIsrs", len(items))
+            return await _settled([self._propose_isr_change(item) for item in items])
         answers: list[list[str] | None] = [None] * len(items)
         try:
-            if len(items) == 1:
-                await self.raft.propose(ChangeIsr(**items[0]))
-            else:
-                await self.raft.propose(ChangeIsrs(items=items))
+            await self.raft.propose(ChangeIsrs(items=items))
         except MetadataError as exc:
-            if len(items) == 1:
-                answers[0] = [exc.code, exc.message[:MAX_ITEM_MESSAGE]]
-            elif exc.code == ITEMS_REFUSED:
-                try:
-                    refused = refused_items(exc.message)
-                except (ValueError, TypeError) as problem:  # never: the state's own words
-                    raise NoMetadataLeader(f"unreadable ISR change outcomes: {problem}") from exc
-                for index, (code, message) in refused.items():
-                    answers[index] = [code, message[:MAX_ITEM_MESSAGE]]
-            else:
+            if exc.code != ITEMS_REFUSED:
                 raise
+            try:
+                refused = refused_items(exc.message)
+            except (ValueError, TypeError) as problem:  # never: the state's own words
+                raise NoMetadataLeader(f"unreadable ISR change outcomes: {problem}") from exc
+            for index, (code, message) in refused.items():
+                answers[index] = [code, message[:MAX_ITEM_MESSAGE]]
         return answers
+
+    async def _propose_isr_change(self, item: dict[str, Any]) -> list[str] | None:
+        """One ISR change as its own ChangeIsr: None when applied, else [code, message]."""
+        try:
+            await self.raft.propose(ChangeIsr(**item))
+        except MetadataError as exc:
+            return [exc.code, exc.message[:MAX_ITEM_MESSAGE]]
+        return None
 
     async def _join_consumer_group(self, group: str, consumer: str, streams: list[str]) -> None:
         """Liftbridge: the group's coordinator is chosen when a join creates it, here, so that
@@ -428,19 +437,17 @@ class MetadataService:
         return view
 
     async def _propose_elections(self, decisions: Mapping[PartitionKey, Elect]) -> None:
-        """One command for the elections (a ChangeLeader for one, ChangeLeaders for more, in commands of
-        at most MAX_BATCH_ITEMS); each elected partition starts its grace period. An item the metadata
-        refused when it applied (stale: the partition moved meanwhile) changed nothing."""
-        keys = list(decisions)
-        if len(keys) == 1:
-            [key] = keys
-            decision = decisions[key]
-            await self.raft.propose(ChangeLeader(
-                name=key[0], partition=key[1], leader=decision.leader, leader_epoch=decision.leader_epoch,
-                epoch=decision.epoch, isr=list(decision.isr),
-            ))
-            self._elections.elected(key, decision.leader_epoch + 1, self.clock())
+        """The elections in ChangeLeaders commands (of at most MAX_BATCH_ITEMS and COMMAND_BUDGET), or each
+        in its own ChangeLeader: one alone, or while a voter does not know ChangeLeaders (``metadata.levels``).
+        Each elected partition starts its grace period; an item the metadata refused when it applied
+        (stale: the partition moved meanwhile) changed nothing. Raises when an outcome is unknown."""
+        if len(decisions) == 1 or not self._batches_known():
+            if len(decisions) > 1:
+                log.info("proposing %d elections one by one: a metadata voter does not know ChangeLeaders",
+                         len(decisions))
+            await _settled([self._propose_election(key, decision) for key, decision in decisions.items()])
             return
+        keys = list(decisions)
         items = {
             key: {"name": key[0], "partition": key[1], "leader": decision.leader,
                   "leader_epoch": decision.leader_epoch, "epoch": decision.epoch, "isr": list(decision.isr)}
@@ -456,6 +463,21 @@ class MetadataService:
                 if found is not None and (found.leader, found.leader_epoch) == (decision.leader,
                                                                                 decision.leader_epoch + 1):
                     self._elections.elected(key, decision.leader_epoch + 1, now)
+
+    async def _propose_election(self, key: PartitionKey, decision: Elect) -> None:
+        try:
+            await self.raft.propose(ChangeLeader(
+                name=key[0], partition=key[1], leader=decision.leader, leader_epoch=decision.leader_epoch,
+                epoch=decision.epoch, isr=list(decision.isr),
+            ))
+        except MetadataError as exc:
+            log.info("%s/%s: the election of %s was refused: %s", *key, decision.leader, exc.message)
+            return
+        self._elections.elected(key, decision.leader_epoch + 1, self.clock())
+
+    def _batches_known(self) -> bool:
+        """Whether every metadata voter knows ChangeLeaders and ChangeIsrs: they are journaled only then."""
+        return cluster_level(self.raft.members(), self.raft.state.brokers.values()) >= BATCHES
 
     async def _on_join(self, msg: TransportMessage) -> None:
         if not self.raft.is_leader or not msg.reply:
@@ -482,6 +504,17 @@ class MetadataService:
             members = self.raft.members()
         reply = _pack({"members": sorted(set(members) | {address})})
         await self.nc.publish(msg.reply, envelope.encode(envelope.MsgType.RAFT_JOIN_RESPONSE, reply))
+
+
+async def _settled(proposals: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """The outcomes of ``proposals``, proposed together and in order (Raft keeps the order in which they
+    are proposed, so that a partition's second change meets the epoch its first made, as in one
+    command): raises the first failure once every one has settled, since another may have committed."""
+    outcomes = await asyncio.gather(*proposals, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return cast(list[T], outcomes)
 
 
 def _chunks(keys: list[PartitionKey], sizes: list[int]) -> list[list[PartitionKey]]:

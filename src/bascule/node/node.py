@@ -22,6 +22,7 @@ from bascule import durable
 from bascule.config import Config
 from bascule.config.values import unauthenticated_raft_error, unshared_secret_error
 from bascule.listening import check_free
+from bascule.metadata import levels
 from bascule.metadata.heartbeats import NatsHeartbeats
 from bascule.metadata.placement import PlacementError, replica_count
 from bascule.metadata.raft import APPEND_ENTRIES_PERIOD, MetadataError, MetadataRaft, NoMetadataLeader
@@ -89,8 +90,9 @@ class Node:
         self.tasks = tasks
         self.data_dir = Path(config.data_dir).resolve()
         self.subjects = Subjects(config.clustering.namespace)
-        # This process's incarnation: a leader epoch given to an earlier one is never resumed.
-        self.incarnation = uuid.uuid4().hex
+        # This process's incarnation: a leader epoch given to an earlier one is never resumed. It states
+        # the metadata level of this version, which the metadata leader journals by (metadata.levels).
+        self.incarnation = levels.incarnation(uuid.uuid4().hex)
         # Encryption at rest: every node of a cluster needs the same key (any may lead any partition).
         self.master_key = MasterKey.from_environment(os.environb)
         self.server_id = ""

@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from bascule.config import Config, load_config
+from bascule.metadata import levels
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.node.capture import when_ackable
 from bascule.node.core import NodeCore
@@ -67,6 +68,10 @@ class SimNode:
         self.clock_offset = clock_offset
         self.trace = trace
         self.generation = 0
+        # The metadata level its runs state in their incarnations (metadata.levels): 0 states what an
+        # earlier version does, so that no metadata leader journals batches while it is a voter. Changed
+        # while the node is down.
+        self.metadata_level = levels.LEVEL
         self.clean = True  # its last run stopped cleanly (a fresh node is clean)
         self.core: NodeCore | None = None
         self.failure: BaseException | None = None  # a task of a running node failed: a bug
@@ -84,7 +89,7 @@ class SimNode:
 
     @property
     def incarnation(self) -> str:
-        return f"{self.id}.{self.generation}"
+        return levels.incarnation(f"{self.id}.{self.generation}", self.metadata_level)
 
     def start(self) -> None:
         self.generation += 1

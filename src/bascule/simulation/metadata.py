@@ -212,7 +212,9 @@ class MetadataMember:
                 "voters": voters}
 
     def members(self) -> list[str]:
-        return sorted(self.log.members)
+        """Every voter, as a Raft group's members are, whether or not it is up (the metadata leader
+        counts a voter that is down at the level it last registered with)."""
+        return list(self.log.voters)
 
     async def add_voter(self, address: str, wait: float) -> bool | None:
         return True
