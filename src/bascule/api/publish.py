@@ -87,7 +87,13 @@ class PublishRPCs:
         it forwards to names ``inbox`` (by default a new one), one through NATS the request's own."""
         inbox = inbox or self.publishing.new_ack_inbox()
         local = await self._writable_leader_caught_up(request) or await self._resume_here(request)
-        if local is not None and not local.replica.is_leader:
+        if local is None and self._named_here(request):
+            # Named its leader, its replica not open here yet (a restart's reconcile on its way): nothing
+            # captures the partition's subject before this node leads it, so through NATS it would be lost.
+            local = await self.replicas.until_leading(request.stream, request.partition)
+            if local is None and self._named_here(request):
+                raise NotLeader(f"{request.stream}/{request.partition}: named leader here, not leading yet")
+        elif local is not None and not local.replica.is_leader:
             local = await self.replicas.until_leading(request.stream, request.partition)
         if local is None:
             leader = self._forwardable(request)
@@ -106,6 +112,11 @@ class PublishRPCs:
             return None
         return await self.publishing.publish(local.replica, local.subject, record, request.ackPolicy,
                                              request.correlationId, request.expectedOffset, inbox)
+
+    def _named_here(self, request: api_pb2.PublishRequest) -> bool:
+        """Whether the metadata names this node the leader that appends ``request`` here (not paused,
+        its subject captured by no other stream, no ack inbox to go through NATS for)."""
+        return not request.ackInbox and self._lane(request.stream, request.partition).here
 
     def _forwardable(self, request: api_pb2.PublishRequest) -> str:
         """The leader to forward ``request`` to, or "" when it goes through the partition's subject."""
@@ -183,7 +194,7 @@ class PublishRPCs:
             raise PublishError(Status.FAILED_PRECONDITION, "Partition is readonly", "READONLY")
         shared = self._shared_subject(stream, partition)
         writable = not meta.paused and meta.leader == self.cluster.server_id and not shared
-        lane = _Lane(self.replicas.get(stream, partition) if writable else None, meta.paused)
+        lane = _Lane(self.replicas.get(stream, partition) if writable else None, meta.paused, writable)
         if not (meta.paused or shared or writable) and meta.leader:
             lane.remote = meta.leader
             lane.key = (stream, partition)
@@ -590,10 +601,12 @@ class _AsyncCall:
 class _Lane:
     """How publishes to one partition go, as of one metadata state."""
 
-    __slots__ = ("local", "paused", "headers", "header_block", "remote", "key", "concurrency_control")
+    __slots__ = ("local", "here", "paused", "headers", "header_block", "remote", "key", "concurrency_control")
 
-    def __init__(self, local: LedPartition | None, paused: bool) -> None:
+    def __init__(self, local: LedPartition | None, paused: bool, here: bool = False) -> None:
         self.local = local  # the partition to append to here; None: resume it, or go to its leader
+        # The metadata names this node the leader that appends here (local None: its replica is not open yet).
+        self.here = here
         self.paused = paused
         self.remote = ""  # the leader to forward to, when another node leads and forwarding is the way
         self.key = ("", 0)  # (stream, partition), when forwarded
