@@ -1,0 +1,90 @@
+"""Where a bascule server's resident memory at start goes (issue 30): the RSS and anonymous memory
+of one fresh interpreter after each step of the server's imports, in the order that charges each
+library its own share, then the server's mappings by file (shared libraries are counted in RSS
+although other processes share their pages).
+
+Each step's figure is what it adds to the steps before it: `importlib.metadata` is charged to the
+step that first imports it (crc32c and nats-py both read their versions with it at import).
+
+Usage: .venv/bin/python benchmarks/memory_floor.py
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import os
+import subprocess
+import sys
+
+# (label, modules imported by the step); "defer" is the server's deferral of nats.js.
+STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("CPython 3.11 with this script's own imports (subprocess...)", ()),
+    ("asyncio (with ssl: OpenSSL initialised)", ("asyncio",)),
+    ("protobuf (upb) and the API's descriptors", ("google.protobuf.descriptor_pool", "bascule.wire.pb.api_pb2")),
+    ("importlib.metadata (crc32c's and nats-py's version lookups)", ("importlib.metadata",)),
+    ("crc32c, msgpack", ("crc32c", "msgpack")),
+    ("cryptography (its own OpenSSL: Raft transport, encryption at rest)",
+     ("cryptography.hazmat.primitives.ciphers.aead", "cryptography.fernet")),
+    ("pysyncobj", ("pysyncobj",)),
+    ("nats-py (nats.js deferred)", ("defer", "nats")),
+    ("bascule's modules (the server and everything it imports)", ("bascule.server",)),
+)
+
+
+def memory_kib() -> tuple[int, int]:
+    """(RSS, anonymous) of this process, KiB."""
+    fields = {}
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Anonymous"):
+                fields[name] = int(rest.split()[0])
+    return fields["Rss"], fields["Anonymous"]
+
+
+def by_mapping() -> list[tuple[str, int]]:
+    """RSS of this process per mapped file (anonymous memory and the heap as their own rows), KiB."""
+    totals: collections.Counter[str] = collections.Counter()
+    current = "[anon]"
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=6)
+            if "-" in first[0] and not first[0].endswith(":"):
+                current = os.path.basename(first[5].strip()) if len(first) > 5 else "[anon]"
+            elif first[0] == "Rss:":
+                totals[current] += int(first[1])
+    return totals.most_common(12)
+
+
+def steps() -> None:
+    """In the child: prints one line per step."""
+    previous = memory_kib()
+    for label, modules in STEPS:
+        for module in modules:
+            if module == "defer":
+                from bascule.deferred_imports import defer_submodules
+
+                defer_submodules()
+            else:
+                importlib.import_module(module)
+        now = memory_kib()
+        print(f"{label:72s} {now[0] / 1024:6.1f} {(now[0] - previous[0]) / 1024:+6.1f} "
+              f"{now[1] / 1024:6.1f} {(now[1] - previous[1]) / 1024:+6.1f} {len(sys.modules):5d}")
+        previous = now
+    print("\nRSS by mapping, MiB:")
+    for name, kib in by_mapping():
+        print(f"  {kib / 1024:6.1f}  {name}")
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--child"]:
+        steps()
+        return
+    print(f"{'step':72s} {'RSS':>6s} {'+':>6s} {'anon':>6s} {'+':>6s} {'mods':>5s}  (MiB)")
+    # A fresh interpreter: this one has imported subprocess and more already.
+    subprocess.run([sys.executable, __file__, "--child"], check=True)
+
+
+if __name__ == "__main__":
+    main()
