@@ -298,6 +298,11 @@ def test_hw_never_decreases_and_never_passes_an_isr_member(min_isr, isr, events)
             else:
                 t.expand_refused(rid)
         assert t.hw >= last_hw
+        # Every event left the HW where its inputs put it: record_fetch recomputes it only when a
+        # follower's position moved, which holds only if every other input recomputes it as it changes.
+        settled = t.hw
+        t._recompute_hw()
+        assert t.hw == settled
         if t.hw > last_hw:
             assert len(isr_before) >= min_isr or len(t.isr) >= min_isr
         for rid in t.isr | t.pending_expansions:

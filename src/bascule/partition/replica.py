@@ -270,8 +270,11 @@ class PartitionReplica:
         epoch query) made in ``leader_epoch``: it fences first (a newer epoch ends its leadership
         at once), and only the leader of exactly that epoch answers, so that a deposed leader, or a
         follower of another epoch, gets nothing from it."""
+        leadership = self.leadership
+        if leadership is not None and leadership.leader_epoch == leader_epoch:
+            return True  # only a newer epoch fences
         self.fence(leader_epoch)
-        return self.is_leader and leader_epoch == self.leader_epoch
+        return False
 
     def become_follower(self, leader_id: str, leader_epoch: int) -> None:
         self._apply(self._leader.step_down())

@@ -164,7 +164,9 @@ class IsrTracker:
 
         False (the request must get no data) when the replica is not one of the partition's,
         when it follows another leader epoch, or when it asks beyond this leader's LEO (it has
-        not truncated against this leader). Otherwise it is recorded and the HW recomputed.
+        not truncated against this leader). Otherwise it is recorded, and the HW recomputed if the
+        follower's position moved (every other input of the HW recomputes it as it changes: a fetch
+        at the same position again, an idle follower's, leaves it where it is).
         """
         progress = self._followers.get(replica_id)
         if progress is None or leader_epoch != self.leader_epoch:
@@ -188,11 +190,13 @@ class IsrTracker:
             progress.caught_up_at_last_fetch = True
         else:
             progress.caught_up_at_last_fetch = False
+        moved = log_end_offset != progress.log_end_offset
         progress.log_end_offset = log_end_offset
         progress.last_fetch_time = now
         progress.leader_log_end_at_last_fetch = self.leader_log_end
         progress.waiting = log_end_offset >= self.leader_log_end
-        self._recompute_hw()
+        if moved:
+            self._recompute_hw()
         return True
 
     # -- questions --------------------------------------------------------------------------
