@@ -28,6 +28,7 @@ from bascule.natsio.transport import Transport, TransportMessage
 from bascule.node.reports import MetadataBatches
 from bascule.node.tasks import Tasks
 from bascule.partition.encryption import MasterKey, stream_encrypted
+from bascule.partition.fetchmux import FetchMux, FetchMuxes, MuxEndpoint
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
 from bascule.partition.log import CommitLog, LogConfig
@@ -111,11 +112,18 @@ class Partitions:
             lambda leader: FetchSession(nc, subjects, server_id, leader, interval, request_timeout, clock), tasks.start,
         )
         self._session_endpoint = SessionEndpoint(nc, subjects, server_id, self._leading_replica, clock)
+        self.muxes = FetchMuxes(lambda leader: FetchMux(nc, subjects, server_id, leader, tasks.spawn, clock))
+        self._mux_endpoint = MuxEndpoint(nc, subjects, server_id, self._leader_endpoint)
         self._notifications = Notifications(nc, subjects, tasks.spawn)
 
     async def start(self) -> None:
         await self.nc.subscribe(self.subjects.notify(self.server_id), cb=self._on_notification)
         await self._session_endpoint.start()
+        await self._mux_endpoint.start()
+
+    def _leader_endpoint(self, stream: str, partition: int) -> LeaderEndpoint | None:
+        local = self._local.get((stream, partition))
+        return None if local is None else local.endpoint
 
     def _leading_replica(self, stream: str, partition: int) -> PartitionReplica | None:
         local = self._local.get((stream, partition))
@@ -306,6 +314,7 @@ class Partitions:
         local.follower = FollowerLoop(
             self.nc, self.subjects, local.replica, self.server_id, self._follower_settings, self._report_leader,
             self.tasks.start, self.sessions.to(partition.leader) if partition.leader else None,
+            self.muxes.to(partition.leader) if partition.leader else None,
         )
         local.follower.start()
 

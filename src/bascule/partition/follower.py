@@ -17,6 +17,7 @@ from nats.errors import Error as NatsError
 
 from bascule.logcontext import concerning
 from bascule.natsio.transport import Transport
+from bascule.partition.fetchmux import FetchMux, MuxFailed
 from bascule.partition.replica import PartitionReplica
 from bascule.partition.replication import follower as machine
 from bascule.partition.session import FetchSession
@@ -75,6 +76,7 @@ class FollowerLoop:
         report_leader: ReportLeader,
         start_task: StartTask | None = None,
         session: FetchSession | None = None,
+        mux: FetchMux | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects
@@ -84,6 +86,7 @@ class FollowerLoop:
         self.report_leader = report_leader
         self.start_task = start_task or _unowned_task
         self.session = session  # to the leader's node: where this loop parks while caught up
+        self.mux = mux  # to the leader's node: what carries its fetches with those of its neighbours
         self.leader = replica.leader
         self.leader_epoch = replica.leader_epoch
         self._notified = asyncio.Event()
@@ -224,18 +227,23 @@ class FollowerLoop:
         # once it has been silent for a leader timeout.
         return follower.tick(replica.clock()) if parked.failed else follower.on_notify(replica.clock())
 
-    async def _request(self, subject: str, payload: bytes) -> bytes | None:
+    async def _request(self, subject: str, payload: bytes, mux: FetchMux | None = None) -> bytes | None:
         try:
-            reply = await self.nc.request(subject, payload, timeout=self.settings.request_timeout)
-        except (TimeoutError, NatsError) as exc:
+            if mux is None:
+                reply = (await self.nc.request(subject, payload, timeout=self.settings.request_timeout)).data
+            else:
+                reply = await mux.request(
+                    self.replica.stream, self.replica.partition, subject, payload, self.settings.request_timeout
+                )
+        except (TimeoutError, NatsError, MuxFailed) as exc:
             log.debug("request to %s failed: %r", subject, exc)
             await asyncio.sleep(RETRY_PAUSE)
             return None
-        if reply.data == envelope.NOT_LEADER_REPLY:
+        if reply == envelope.NOT_LEADER_REPLY:
             log.debug("%s: not the leader of this epoch (yet); asking again", subject)
             await asyncio.sleep(RETRY_PAUSE)
             return None
-        return reply.data
+        return reply
 
     async def _ask_epoch(self, follower: machine.Follower, epoch: int) -> list[machine.Action]:
         replica = self.replica
@@ -307,7 +315,7 @@ class FollowerLoop:
             ),
             envelope.MsgType.REPLICATION_REQUEST,
         )
-        data = await self._request(self.subjects.replicate(replica.stream, replica.partition), request)
+        data = await self._request(self.subjects.replicate(replica.stream, replica.partition), request, self.mux)
         if data is None:
             return None
         try:

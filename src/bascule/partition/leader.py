@@ -16,7 +16,7 @@ from bascule.logcontext import concerning
 from bascule.natsio.transport import Transport, TransportMessage, TransportSubscription
 from bascule.partition.log import OffsetOutOfRange
 from bascule.partition.replica import PartitionReplica
-from bascule.wire import envelope, replicate
+from bascule.wire import envelope, fetchmux, replicate
 from bascule.wire.entry import CorruptEntry
 from bascule.wire.pb import internal_pb2
 from bascule.wire.subjects import Subjects
@@ -32,8 +32,9 @@ class LeaderEndpoint:
         self.nc = nc
         self.subjects = subjects
         self.replica = replica
-        # A response is one NATS message: it must fit the server's max payload.
-        self.max_bytes = max(1, min(max_bytes, nc.max_payload - RESPONSE_OVERHEAD))
+        # A response is one NATS message: it must fit the server's max payload, in a multiplexed
+        # answer too.
+        self.max_bytes = max(1, min(max_bytes, nc.max_payload - RESPONSE_OVERHEAD - fetchmux.ANSWER_RESERVE))
         self._subscriptions: list[TransportSubscription] = []
 
     async def start(self) -> None:
@@ -53,30 +54,44 @@ class LeaderEndpoint:
         self._subscriptions = []
 
     async def _on_fetch(self, msg: TransportMessage) -> None:
+        reply = self.answer_fetch(msg.data, msg.subject)
+        if reply is not None and msg.reply:
+            await self.nc.publish(msg.reply, reply)
+
+    def answer_fetch(self, data: bytes | memoryview, subject: str, room: int | None = None) -> bytes | None:
+        """The reply to the fetch request ``data`` (None: it gets none). With ``room``, the reply
+        shares a message with others (``partition.fetchmux``): it reads at most ``room`` bytes, and
+        raises NoRoom when a first entry too big for them would have to go in pieces (alone, it
+        goes whole, or in pieces when bigger than a message)."""
         concerning(self.replica.stream, self.replica.partition)
-        request = _decode(msg, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest)
+        request = _decode_bytes(data, subject, envelope.MsgType.REPLICATION_REQUEST, internal_pb2.ReplicationRequest)
         if request is None:
-            return
+            return None
         replica = self.replica
         if not replica.serves_epoch(request.leaderEpoch):
-            await self._not_leader(msg)
-            return
+            # Said at once: during a handoff a follower's first request can reach only this node's
+            # endpoint (the new leader not yet subscribed), and unanswered it would wait out a
+            # request timeout while ack-ALL writes stall.
+            return envelope.NOT_LEADER_REPLY
+        max_bytes = self.max_bytes if room is None else max(1, min(self.max_bytes, room))
         try:
             data = replica.serve_fetch(
-                request.replicaID, request.offset + 1, request.leaderEpoch, self.max_bytes, request.leaderTime
+                request.replicaID, request.offset + 1, request.leaderEpoch, max_bytes, request.leaderTime
             )
         except (OffsetOutOfRange, CorruptEntry) as exc:
             # No answer: an empty one would tell the follower it is caught up, and it would idle
             # below the damage forever; unanswered, it reports this leader, which gets replaced.
             log.error("cannot serve %s from %s/%s: %s", request.replicaID, replica.stream, replica.partition, exc)
-            return
-        if len(data) <= self.max_bytes and not request.fragmentStart:
+            return None
+        if len(data) <= max_bytes and not request.fragmentStart:
             response = replicate.encode_response(replica.leader_epoch, replica.high_watermark, replica.clock(), data)
             sent = len(data)
-        elif len(data) > self.max_bytes and 0 <= request.fragmentStart < len(data):
+        elif room is not None and max_bytes < self.max_bytes:
+            raise NoRoom(len(data))
+        elif len(data) > max_bytes and 0 <= request.fragmentStart < len(data):
             # ``data`` is one entry (reads return more than max_bytes only for a first entry that
             # alone is bigger): it goes in pieces that each fit a NATS message.
-            piece = memoryview(data)[request.fragmentStart : request.fragmentStart + self.max_bytes]
+            piece = memoryview(data)[request.fragmentStart : request.fragmentStart + max_bytes]
             response = replicate.encode_fragment(
                 replica.leader_epoch, replica.high_watermark, replica.clock(), len(data), request.fragmentStart, piece
             )
@@ -84,14 +99,12 @@ class LeaderEndpoint:
         else:
             log.warning("%s asked %s/%s for a piece of an entry that is not there", request.replicaID,
                         replica.stream, replica.partition)
-            return
-        await self.nc.publish(msg.reply, response)
+            return None
         replica.bytes_to_followers += sent
+        return response
 
     async def _not_leader(self, msg: TransportMessage) -> None:
-        """Say so at once: during a handoff a follower's first request can reach only this node's
-        endpoint (the new leader not yet subscribed), and unanswered it would wait out a request
-        timeout while ack-ALL writes stall."""
+        """Said at once, as to a fetch (``answer_fetch``)."""
         if msg.reply:
             await self.nc.publish(msg.reply, envelope.NOT_LEADER_REPLY)
 
@@ -110,11 +123,20 @@ class LeaderEndpoint:
         )
 
 
-def _decode(msg: TransportMessage, msg_type: envelope.MsgType, message_class: type[T]) -> T | None:
-    """The request in ``msg``, or None (logged) when it is garbage: the leader keeps serving."""
-    try:
-        return envelope.decode_message(msg.data, msg_type, message_class)
-    except envelope.EnvelopeError as exc:
-        log.warning("dropping malformed %s on %s: %s", msg_type.name.lower().replace("_", " "), msg.subject, exc)
-        return None
+class NoRoom(Exception):
+    """A fetch's reply did not fit the room left for it in a shared answer."""
 
+
+def _decode(msg: TransportMessage, msg_type: envelope.MsgType, message_class: type[T]) -> T | None:
+    return _decode_bytes(msg.data, msg.subject, msg_type, message_class)
+
+
+def _decode_bytes(
+    data: bytes | memoryview, subject: str, msg_type: envelope.MsgType, message_class: type[T]
+) -> T | None:
+    """The request in ``data``, or None (logged) when it is garbage: the leader keeps serving."""
+    try:
+        return envelope.decode_message(data, msg_type, message_class)
+    except envelope.EnvelopeError as exc:
+        log.warning("dropping malformed %s on %s: %s", msg_type.name.lower().replace("_", " "), subject, exc)
+        return None

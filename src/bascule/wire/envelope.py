@@ -57,6 +57,9 @@ class MsgType(IntEnum):
     FETCH_SESSION_RESPONSE = 103
     # bascule's own: every partition a leader node notified one follower node of in one turn.
     PARTITION_NOTIFICATIONS = 104
+    # bascule's own: the fetches a follower node makes of a leader node in one turn (``wire.fetchmux``).
+    FETCH_MUX_REQUEST = 107
+    FETCH_MUX_ANSWER = 108
 
 
 _KNOWN_TYPES = frozenset(MsgType)

@@ -24,6 +24,10 @@ class Subjects:
         """Where a leader node takes the fetch session rounds of every follower node."""
         return f"{self.namespace}.fetch.{server_id}"
 
+    def fetch_mux(self, server_id: str) -> str:
+        """Where a leader node takes the multiplexed fetches of every follower node."""
+        return f"{self.namespace}.fetchmux.{server_id}"
+
     def notify(self, server_id: str) -> str:
         return f"{self.namespace}.notify.{server_id}"
 
