@@ -93,3 +93,62 @@ async def test_a_task_marked_as_concerning_a_partition_tags_its_lines_and_only_i
     logs.configure(load_config(None, {}).logging, text)
     await asyncio.create_task(follower())
     assert "bascule.test [orders/3]: behind the leader" in text.getvalue()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guarded(clock: Clock, lines: int = 3, window: float = 1.0) -> tuple[logging.Logger, io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.FloodGuard(lines, window, clock=clock))
+    log = logging.getLogger("bascule.test.flood")
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    return log, out
+
+
+def test_a_kind_of_line_logged_by_the_thousand_is_cut_short_and_counted():
+    """Issue 32: a node with thousands of partitions said each one's failover, and writing it took a
+    quarter of its loop."""
+    clock = Clock()
+    log, out = guarded(clock)
+    for partition in range(1000):
+        log.warning("s/%d: leader %s is silent, reporting it", partition, "node-0")
+        log.info("s/%d: removing %s from the ISR", partition, "node-1")
+    assert out.getvalue().splitlines() == [
+        line for p in range(3) for line in (f"s/{p}: leader node-0 is silent, reporting it",
+                                            f"s/{p}: removing node-1 from the ISR")
+    ]
+    clock.now = 1.0  # a new window: the next line of any kind says what the last one left out
+    log.info("another kind")
+    lines = out.getvalue().splitlines()[6:]
+    assert lines[:2] == [
+        "997 more lines like 's/%d: leader %s is silent, reporting it' left out (3 written within 1 s from "
+        + lines[0].rsplit("from ", 1)[1],
+        "997 more lines like 's/%d: removing %s from the ISR' left out (3 written within 1 s from "
+        + lines[1].rsplit("from ", 1)[1],
+    ]
+    assert lines[2:] == ["another kind"]
+    log.warning("s/%d: leader %s is silent, reporting it", 5, "node-0")  # its own window again
+    assert out.getvalue().splitlines()[-1] == "s/5: leader node-0 is silent, reporting it"
+
+
+def test_kinds_are_remembered_up_to_a_bound():
+    clock = Clock()
+    out = io.StringIO()
+    guard = logs.FloodGuard(1, 1.0, kinds=4, clock=clock)
+    handler = logging.StreamHandler(out)
+    handler.addFilter(guard)
+    log = logging.getLogger("bascule.test.kinds")
+    log.handlers[:] = [handler]
+    log.propagate = False
+    for index in range(100):
+        log.warning(f"built anew each time {index}")  # noqa: G004 - the case the bound is for
+    assert len(guard._windows) == 4 and len(out.getvalue().splitlines()) == 100
