@@ -91,7 +91,8 @@ class NodeCore:
         brokers = set().union(*wanted.values()) if wanted else set()
         if not brokers:
             return {}
-        reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT, brokers)
+        names = [f"{stream}/{partition}" for stream, partition in wanted]
+        reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT, brokers, names)
         positions: dict[tuple[str, int], dict[str, Position]] = {}
         for (stream, partition), asked in wanted.items():
             name = f"{stream}/{partition}"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol
 
 from bascule.metadata.election import Candidate, choose_leader, isr_after_leader_change
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
@@ -22,8 +22,16 @@ from bascule.metadata.state import MetadataState, Partition
 log = logging.getLogger(__name__)
 
 ReplicaReports = dict[str, dict[str, tuple[int, int, int]]]  # broker -> "stream/partition" -> report
-GatherReports = Callable[[float, set[str]], Awaitable[ReplicaReports]]
 Call = Callable[..., Awaitable[None]]
+
+
+class GatherReports(Protocol):
+    """The reports of the brokers ``expected`` that answer within ``timeout``, of the ``partitions``
+    named ("stream/partition"; None: every replica), as ``AdminQueries.gather_replica_reports``."""
+
+    def __call__(
+        self, timeout: float, expected: set[str], partitions: Collection[str] | None = None,
+    ) -> Awaitable[ReplicaReports]: ...
 
 
 def partitions_to_hand_off(state: MetadataState, server_id: str) -> list[Partition]:
@@ -70,7 +78,8 @@ async def hand_off_leaderships(
     if not led:
         return 0
     others = {member for partition in led for member in partition.isr if member != server_id}
-    reports = await gather(max(0.1, min(1.0, deadline - loop.time())), others)
+    names = [f"{partition.stream}/{partition.id}" for partition in led]
+    reports = await gather(max(0.1, min(1.0, deadline - loop.time())), others, names)
     moved = 0
     for partition in led:
         remaining = deadline - loop.time()

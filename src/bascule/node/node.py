@@ -58,7 +58,8 @@ NATS_DEFAULT_PORT = 4222
 REGISTRATION_WAIT = 10.0
 REGISTRATION_RETRY = 0.2
 STREAM_START_WAIT = 5.0
-STREAM_START_POLL = 0.02
+STREAM_START_POLL = 0.02  # the first wait between polls, doubled after each up to STREAM_START_MAX_POLL
+STREAM_START_MAX_POLL = 0.25
 GROUP_APPLY_WAIT = 5.0
 UNREACHABLE_REPORT_INTERVAL = 5.0  # seconds between warnings while NATS cannot be reached at start
 # A NATS server that vanishes without a reset (its host or container gone, a cut link) is noticed after
@@ -487,15 +488,26 @@ class Node:
 
     async def _wait_until_led(self, stream: str) -> None:
         """Until each partition's leader has started it (its subject captured), so a publish right
-        after CreateStream is not lost; Raft commit alone does not mean the leaders applied it."""
+        after CreateStream is not lost; Raft commit alone does not mean the leaders applied it.
+        Each poll asks only the leaders of the partitions not seen started yet, about those, and
+        the polls back off: a stream of 4,096 partitions had every broker report every replica
+        every 20 ms, which slowed the very leaders it waited for (issue 32)."""
         deadline = time.monotonic() + STREAM_START_WAIT
+        waiting: dict[str, str] | None = None  # "stream/partition" -> its leader, of those not seen started
+        pause = STREAM_START_POLL
         while time.monotonic() < deadline:
             found = self.state.streams.get(stream)
-            leaders = {p.id: p.leader for p in found.partitions.values()} if found else {}
-            remote = set(leaders.values()) - {self.server_id}
-            reports = await self.admin.gather_replica_reports(ADMIN_TIMEOUT) if remote else {}
-            reports[self.server_id] = self.admin.replica_report()
-            if leaders and all(f"{stream}/{pid}" in reports.get(leader, {}) for pid, leader in leaders.items()):
+            leaders = {f"{stream}/{p.id}": p.leader for p in found.partitions.values()} if found else {}
+            waiting = {name: leader for name, leader in leaders.items() if waiting is None or name in waiting}
+            remote = {name: leader for name, leader in waiting.items() if leader != self.server_id}
+            reports = await self.admin.gather_replica_reports(
+                ADMIN_TIMEOUT, set(remote.values()), list(remote)) if remote else {}
+            reports[self.server_id] = self.admin.replica_report(
+                [name for name, leader in waiting.items() if leader == self.server_id])
+            waiting = {name: leader for name, leader in waiting.items() if name not in reports.get(leader, {})}
+            if leaders and not waiting:
                 return
-            await asyncio.sleep(STREAM_START_POLL)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, STREAM_START_MAX_POLL)
         log.warning("stream %s: not every partition leader started within %.0f s", stream, STREAM_START_WAIT)
+
