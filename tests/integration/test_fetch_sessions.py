@@ -22,7 +22,7 @@ from bascule.partition.log import CommitLog
 from bascule.partition.replica import PartitionReplica, SyncPolicy
 from bascule.partition.session import FetchSession, FetchSessions, SessionEndpoint
 from bascule.testing.local import LocalNatsServer
-from bascule.wire import sessions
+from bascule.wire import envelope, sessions
 from bascule.wire.entry import Record
 from bascule.wire.seal import Sealer, derive_key
 from bascule.wire.subjects import Subjects
@@ -44,6 +44,7 @@ class Pair:
     followers: dict[tuple[str, int], PartitionReplica]
     sessions: FetchSessions
     requests: Counter = field(default_factory=Counter)  # subject -> requests seen on NATS
+    round_sizes: list[int] = field(default_factory=list)  # of each round seen, sealed
     reports: list[tuple[int, str, int]] = field(default_factory=list)  # (partition, leader, epoch)
 
 
@@ -74,6 +75,8 @@ async def node_pair(tmp_path) -> AsyncIterator[Pair]:
 
         async def count(msg) -> None:
             pair.requests[msg.subject] += 1
+            if msg.subject == SUBJECTS.fetch_session("L"):
+                pair.round_sizes.append(len(msg.data))
 
         await spy.subscribe(f"{SUBJECTS.namespace}.>", cb=count)
         await spy.flush()
@@ -132,13 +135,15 @@ def rounds(pair: Pair) -> int:
 
 async def test_idle_partitions_cost_one_round_per_idle_wait_and_stay_in_the_isr(tmp_path) -> None:
     """Past the lag time with nothing written: no partition fetches on its own, a round per idle
-    wait carries all 40, and the leader still counts F caught up (no ISR shrink) and holds its lease."""
+    wait stands for all 40 and carries none of them (incremental rounds: nothing changed), and the
+    leader still counts F caught up (no ISR shrink) and holds its lease."""
     async with node_pair(tmp_path) as pair:
         await asyncio.sleep(SETTINGS.machine_config().max_idle_wait * 2)  # every loop parked
         fetches_before, rounds_before = individual_fetches(pair), rounds(pair)
         await asyncio.sleep(MAX_LAG * 2)
         assert individual_fetches(pair) == fetches_before
         assert 5 <= rounds(pair) - rounds_before <= 10
+        assert max(pair.round_sizes[rounds_before:]) < 100  # the seal, the envelope, ids and the echo
         now = time.monotonic()
         for leader in pair.leaders.values():
             assert leader.isr_requests() == []
@@ -174,13 +179,21 @@ async def test_parked_followers_report_a_leader_that_went_silent(tmp_path) -> No
 
 
 async def test_garbage_rounds_are_dropped_and_unknown_partitions_fetch_on_their_own(tmp_path) -> None:
-    """A sealed but malformed round gets no answer and changes nothing; a round naming a
-    partition L does not have, or of another epoch, tells that item to fetch on its own."""
+    """A sealed but malformed round gets no answer and changes nothing; a round of a session L does
+    not hold is refused; a round naming a partition L does not have, or of another epoch, tells that
+    item to fetch on its own, incremental or in the previous version's full form."""
     async with node_pair(tmp_path) as pair:
         subject = SUBJECTS.fetch_session("L")
-        for garbage in (b"", b"\x00" * 64, sessions.encode_reply(1.0, [])):
+        garbage_rounds = (
+            b"", b"\x00" * 64, sessions.encode_reply(1.0, []), sessions.encode_session_answer(1.0, []),
+            envelope.encode(envelope.MsgType.FETCH_SESSION_ROUND, b"\x93\x01\x02"),
+        )
+        for garbage in garbage_rounds:
             with pytest.raises(nats.errors.TimeoutError):
                 await pair.follower_nc.request(subject, garbage, timeout=0.3)
+        unknown = sessions.SessionRound("F", 12345, 5, 0.0, [], [])
+        reply = await pair.follower_nc.request(subject, sessions.encode_session_round(unknown), timeout=2)
+        assert sessions.decode_session_answer(reply.data).news is None
         items = [
             sessions.ParkedItem("s", 0, 1, 1, 0),  # caught up
             sessions.ParkedItem("s", PARTITIONS, 1, 0, -1),  # no such partition here
@@ -190,6 +203,9 @@ async def test_garbage_rounds_are_dropped_and_unknown_partitions_fetch_on_their_
         reply = await pair.follower_nc.request(subject, sessions.encode_round("F", 0.0, items), timeout=2)
         assert sessions.decode_reply(reply.data, len(items)).news == [1, 2, 3]
         assert not pair.leaders["s", 1].is_leader and pair.leaders["s", 0].is_leader
+        incremental = sessions.SessionRound("F", 12345, 0, 0.0, list(enumerate(items)), [])
+        reply = await pair.follower_nc.request(subject, sessions.encode_session_round(incremental), timeout=2)
+        assert sessions.decode_session_answer(reply.data).news == [1, 2, 3]
         rounds_before = rounds(pair)
         await until(lambda: rounds(pair) > rounds_before + 1, 5, "the rounds to go on")
         assert pair.leaders["s", 0].is_leader

@@ -21,9 +21,10 @@ msg_types = st.sampled_from(list(MsgType))
 def test_types_match_liftbridge_numbering():
     bascule_own = [t for t in MsgType if t.value >= 100]  # clear of Liftbridge's numbers
     assert [t.value for t in MsgType if t not in bascule_own] == list(range(15))
-    assert [t.value for t in bascule_own] == [*range(100, 105), 107, 108]
+    assert [t.value for t in bascule_own] == list(range(100, 109))
     assert MsgType.REPLICATION_FRAGMENT == 100 and MsgType.NOT_LEADER == 101
     assert MsgType.FETCH_SESSION_REQUEST == 102 and MsgType.PARTITION_NOTIFICATIONS == 104
+    assert MsgType.FETCH_SESSION_ROUND == 105 and MsgType.FETCH_SESSION_ANSWER == 106
     assert MsgType.FETCH_MUX_REQUEST == 107 and MsgType.FETCH_MUX_ANSWER == 108
     assert MsgType.PUBLISH == 0 and MsgType.ACK == 1
     assert MsgType.REPLICATION_RESPONSE == 3

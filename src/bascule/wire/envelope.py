@@ -57,6 +57,9 @@ class MsgType(IntEnum):
     FETCH_SESSION_RESPONSE = 103
     # bascule's own: every partition a leader node notified one follower node of in one turn.
     PARTITION_NOTIFICATIONS = 104
+    # bascule's own: an incremental fetch session's round and its answer (``wire.sessions``).
+    FETCH_SESSION_ROUND = 105
+    FETCH_SESSION_ANSWER = 106
     # bascule's own: the fetches a follower node makes of a leader node in one turn (``wire.fetchmux``).
     FETCH_MUX_REQUEST = 107
     FETCH_MUX_ANSWER = 108

@@ -1,10 +1,18 @@
-"""A fetch session's round (see ``partition.replication.session``) and a node pair's
+"""A fetch session's rounds (see ``partition.replication.session``) and a node pair's
 notifications: bascule's own, msgpack in an envelope.
 
-Request (FETCH_SESSION_REQUEST): [follower id, leader time echoed, [[stream, partition, leader
-epoch, log end offset, HW], ...]]. Reply (FETCH_SESSION_RESPONSE): [the leader's clock reading,
-[indexes of the items that must fetch now, ascending]]. Notifications (PARTITION_NOTIFICATIONS):
-[[stream, partition], ...]; Liftbridge's one-partition PARTITION_NOTIFICATION is read too.
+Round (FETCH_SESSION_ROUND): [follower id, session id, round number, leader time echoed, [[slot,
+stream, partition, leader epoch, log end offset, HW], ...] (the slots set), [slot, ...] (the slots
+emptied)]. Answer (FETCH_SESSION_ANSWER): [the leader's clock reading, [slots that must fetch now,
+ascending]], or [the leader's clock reading, nil] when the leader does not hold the session as the
+round expects (a full round is then due). Session and round numbers are below 2**64, slots below
+``MAX_ITEMS``, each slot once a round.
+
+The previous version's full rounds, still answered for a node of that version and sent to one
+(FETCH_SESSION_REQUEST): [follower id, leader time echoed, [[stream, partition, leader epoch, log
+end offset, HW], ...]]; their reply (FETCH_SESSION_RESPONSE): [the leader's clock reading, [indexes
+of the items that must fetch now, ascending]]. Notifications (PARTITION_NOTIFICATIONS): [[stream,
+partition], ...]; Liftbridge's one-partition PARTITION_NOTIFICATION is read too.
 """
 
 from __future__ import annotations
@@ -17,8 +25,26 @@ import msgpack
 from bascule.wire.envelope import EnvelopeError, MsgType, decode, decode_message, encode
 from bascule.wire.pb import internal_pb2
 
-# Bounds what one round costs a leader: a follower with more parked partitions sends more rounds.
+# Bounds what one round costs a leader, and the items a session holds (its slots): a follower with
+# more parked partitions has more sessions.
 MAX_ITEMS = 4096
+_MAX_NUMBER = 1 << 64  # session ids and round numbers: msgpack's unsigned integers
+# What a round or a notification holds beyond its items' streams' names: the envelope, msgpack, the
+# follower id (at most), and each item's integers (its slot's too). An emptied slot takes 3 bytes.
+ROUND_OVERHEAD = 1024
+ITEM_OVERHEAD = 48
+EMPTIED_SLOT_SIZE = 3
+
+
+def item_size(stream: str) -> int:
+    """What an item of ``stream`` takes in a round or a notification, at most."""
+    return len(stream.encode()) + ITEM_OVERHEAD
+
+
+def items_budget(max_payload: int) -> int:
+    """What the items of one round may take for it to fit a message of ``max_payload`` bytes, with
+    every other slot emptied in it too."""
+    return max_payload - ROUND_OVERHEAD - MAX_ITEMS * EMPTIED_SLOT_SIZE
 
 
 class ParkedItem(NamedTuple):
@@ -38,6 +64,67 @@ class Round(NamedTuple):
 class RoundReply(NamedTuple):
     leader_time: float
     news: list[int]
+
+
+class SessionRound(NamedTuple):
+    follower: str
+    session: int
+    number: int  # 0: a full round
+    leader_time: float
+    upserts: list[tuple[int, ParkedItem]]  # (slot, the item now in it)
+    removals: list[int]  # slots emptied
+
+
+class SessionAnswer(NamedTuple):
+    leader_time: float
+    news: list[int] | None  # the slots that must fetch; None: refused, a full round is due
+
+
+def encode_session_round(round_: SessionRound) -> bytes:
+    follower, session, number, leader_time, upserts, removals = round_
+    body = [follower, session, number, leader_time, [[slot, *item] for slot, item in upserts], removals]
+    return encode(MsgType.FETCH_SESSION_ROUND, msgpack.packb(body))
+
+
+def decode_session_round(data: bytes | memoryview) -> SessionRound:
+    body = _body(data, MsgType.FETCH_SESSION_ROUND)
+    if not (isinstance(body, list) and len(body) == 6):
+        raise EnvelopeError("a fetch session round is [follower, session, round, leader time, set, emptied]")
+    follower, session, number, leader_time, raw_upserts, removals = body
+    if not isinstance(follower, str) or not follower or not (_number(session) and _number(number)):
+        raise EnvelopeError("a fetch session round needs a follower id, a session id and a round number")
+    if not (isinstance(raw_upserts, list) and isinstance(removals, list)):
+        raise EnvelopeError("a fetch session round's set and emptied slots are lists")
+    if len(raw_upserts) + len(removals) > MAX_ITEMS:
+        raise EnvelopeError(f"a fetch session round of {len(raw_upserts) + len(removals)} slots (at most {MAX_ITEMS})")
+    upserts = [_upsert(raw) for raw in raw_upserts]
+    if not all(_is_slot(slot) for slot in removals):
+        raise EnvelopeError(f"an emptied slot is an integer below {MAX_ITEMS}")
+    if len({slot for slot, _ in upserts}.union(removals)) != len(upserts) + len(removals):
+        raise EnvelopeError("a fetch session round names a slot twice")
+    return SessionRound(follower, session, number, _time(leader_time), upserts, removals)
+
+
+def encode_session_answer(leader_time: float, news: list[int] | None) -> bytes:
+    return encode(MsgType.FETCH_SESSION_ANSWER, msgpack.packb([leader_time, news]))
+
+
+def decode_session_answer(data: bytes | memoryview) -> SessionAnswer:
+    body = _body(data, MsgType.FETCH_SESSION_ANSWER)
+    if not (isinstance(body, list) and len(body) == 2 and (body[1] is None or isinstance(body[1], list))):
+        raise EnvelopeError("a fetch session answer is [leader time, news or nil]")
+    news = body[1]
+    if news is not None and not (
+        all(_is_slot(slot) for slot in news) and all(a < b for a, b in zip(news, news[1:]))
+    ):
+        raise EnvelopeError(f"a fetch session answer's news are ascending slots below {MAX_ITEMS}")
+    return SessionAnswer(_time(body[0]), news)
+
+
+def decode_request(data: bytes | memoryview) -> SessionRound | Round:
+    """A round of either kind a leader node answers: incremental, or the previous version's."""
+    kind, _ = decode(data)
+    return decode_round(data) if kind == MsgType.FETCH_SESSION_REQUEST else decode_session_round(data)
 
 
 def encode_round(follower: str, leader_time: float, items: list[ParkedItem]) -> bytes:
@@ -87,6 +174,20 @@ def _time(value: Any) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
         raise EnvelopeError("a leader time is a finite number >= 0")
     return float(value)
+
+
+def _number(value: Any) -> bool:
+    return type(value) is int and 0 <= value < _MAX_NUMBER
+
+
+def _is_slot(value: Any) -> bool:
+    return type(value) is int and 0 <= value < MAX_ITEMS
+
+
+def _upsert(raw: Any) -> tuple[int, ParkedItem]:
+    if not (isinstance(raw, list) and raw and _is_slot(raw[0])):
+        raise EnvelopeError(f"a set slot is [slot below {MAX_ITEMS}, stream, partition, leader epoch, log end, HW]")
+    return raw[0], _item(raw[1:])
 
 
 def _item(raw: Any) -> ParkedItem:
