@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from bascule.metadata.standing import NatsContact
+from bascule.metadata.standing import NatsContact, loop_alive
 
 A, B, C, D, E = "a:1", "b:1", "c:1", "d:1", "e:1"
 THREE = [A, B, C]
@@ -109,3 +109,9 @@ def test_a_node_admitted_that_never_becomes_a_voter_is_forgotten_after_the_timeo
     contact.heartbeat(B, [A], [A, B], now=12.5)
     assert contact.heard(12.5) == [B]
     assert contact.standing_until([A, C]) == -math.inf
+
+
+def test_a_loop_that_runs_late_still_heartbeats_one_stuck_past_the_limit_does_not() -> None:
+    """Issue 32: a failover's load held a node's loop for seconds; that is no reason to lose the standing."""
+    assert loop_alive(seen=100.0, now=104.9, limit=10.0)
+    assert not loop_alive(seen=100.0, now=110.0, limit=10.0)

@@ -65,3 +65,10 @@ class NatsContact:
         if len(contacts) < needed:
             return -math.inf
         return contacts[needed - 1] + self.timeout
+
+
+def loop_alive(seen: float, now: float, limit: float) -> bool:
+    """Whether a node whose event loop last ran at ``seen`` (monotonic) still heartbeats at ``now``: its loop
+    may run late, by a failover's load, but one that has not run for ``limit`` is stuck, and a node that
+    serves nothing must not keep, or take, the metadata leadership."""
+    return now - seen < limit

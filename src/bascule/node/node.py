@@ -249,9 +249,12 @@ class Node:
             self._on_metadata_change,
         )
         # Raft has links of its own, but the metadata leader serves the cluster over NATS (issue 25).
-        heartbeats = NatsHeartbeats(internal, self.subjects, self._raft)
+        heartbeats = NatsHeartbeats(
+            lambda: self._heartbeats_connection(nats_url, auth, secret), self.subjects, self._raft,
+            lambda: nc.is_connected,
+        )
         self._raft.stand_only_while(heartbeats.standing)
-        await heartbeats.start()
+        heartbeats.start()
         self.tasks.start(heartbeats.run(), "metadata heartbeats")
         core = self._core = NodeCore(
             self.config, self.data_dir, self.server_id, self.incarnation, internal, self.subjects, self._raft,
@@ -354,6 +357,16 @@ class Node:
                 raise
             raise NatsRefused(f"NATS refused this node ({self._refused_by_nats}); check nats.user, "
                               "nats.password, nats.token, nats.credentials, nats.nkey.seed and nats.tls.*") from None
+
+    async def _heartbeats_connection(self, nats_url: list[str], auth: NatsAuth, secret: str) -> SealedNats:
+        """The metadata heartbeats' own connection, opened on their thread (``metadata.heartbeats``): sealed
+        with a sealer of its own (an incarnation of its own: its sequence numbers are its own)."""
+        client = await nats.connect(
+            nats_url, name=f"bascule-{self.server_id}-heartbeats", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            ping_interval=NATS_PING_INTERVAL, max_outstanding_pings=NATS_MAX_OUTSTANDING_PINGS,
+            error_cb=_heartbeats_nats_error, **auth.client_options(),
+        )
+        return SealedNats(client, Sealer(derive_key(secret)))
 
     async def _nats_error(self, error: Exception) -> None:
         if self._nats is None and self._connecting is not None:
@@ -511,3 +524,7 @@ class Node:
             pause = min(2 * pause, STREAM_START_MAX_POLL)
         log.warning("stream %s: not every partition leader started within %.0f s", stream, STREAM_START_WAIT)
 
+
+async def _heartbeats_nats_error(error: Exception) -> None:
+    # The node's own connection says what goes wrong with NATS (_nats_error); this one only follows it.
+    log.debug("metadata heartbeats' NATS connection: %r", error)
