@@ -506,3 +506,33 @@ def test_a_node_that_sees_a_stream_deleted_and_created_again_at_once_opens_the_n
         assert node_core is not None and node_core.partitions.get("other", 0).replica.failed is None
 
     scenario(script, nodes=3)
+
+
+def test_isr_changes_and_elections_walk_no_data_directory(monkeypatch) -> None:
+    """Issue 32: a node listed its data directory (and built every assigned partition's path) at each
+    reconcile, so after each metadata command, 0.2-0.3 s of CPU at 10,000 partitions. Now only what is
+    assigned changing walks it: here each node's start and the stream's creation, not an ISR change or
+    an election."""
+    walks: list[str] = []
+    real = partitions.Partitions._remove_unassigned_directories
+
+    def counted(self, assigned):
+        walks.append(self.server_id)
+        return real(self, assigned)
+
+    monkeypatch.setattr(partitions.Partitions, "_remove_unassigned_directories", counted)
+
+    async def script(cluster: SimCluster) -> None:
+        await acked(cluster, 2)
+        leader, follower = cluster.leader(), followers(cluster)[0]
+        survivors = set(cluster.nodes) - {follower}
+        before = {node: walks.count(node) for node in survivors}
+        cluster.kill(follower)
+        await cluster.until("the ISR to shrink", lambda: follower not in cluster.metadata.state.partition("sim", 0).isr)
+        cluster.kill(leader)
+        await cluster.until("another leader", lambda: cluster.leader() not in (None, leader)
+                            and cluster.leading_replica(0) is not None)
+        assert {node: walks.count(node) for node in survivors - {leader}} == {
+            node: count for node, count in before.items() if node != leader}
+
+    scenario(script, nodes=5, min_isr=1)
