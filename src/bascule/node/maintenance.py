@@ -21,10 +21,11 @@ from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from bascule.config import Config
+from bascule.metadata.election import IsrChangeKind, validate_isr_change
 from bascule.metadata.raft import MetadataError, NoMetadataLeader
 from bascule.metadata.replicated import ReplicatedMetadata
 from bascule.metadata.service import MetadataService
-from bascule.metadata.state import MetadataState
+from bascule.metadata.state import MetadataState, Partition
 from bascule.node.groups import GroupCoordinator
 from bascule.node.handoff import GatherReports, move_leadership
 from bascule.node.partitions import LocalPartition, Partitions
@@ -154,11 +155,25 @@ class Maintenance:
                 continue
             if local.endpoint is not None:  # only a leader asks for ISR changes: a third of them, RF=3
                 for request in replica.isr_requests():
-                    self.tasks.spawn(self._change_isr(replica, request), "change ISR")
+                    self._ask_isr_change(key, replica, request)
             if key not in self._disk_jobs and (replica.writes_failing or replica.failed is not None):
                 self._tend_failing_log(key, replica, now, timeout)
         if self.partitions.unopened():
             self.partitions.schedule_reconcile()
+
+    def _ask_isr_change(self, key: tuple[str, int], replica: PartitionReplica, request: IsrRequest) -> None:
+        """Ask for ``request``, unless this node's metadata refuses it already: then the metadata leader,
+        whose metadata is at least as new, would refuse it too. A leader learns that its ISR changed
+        when its node's reconcile reaches the partition; until then it asks again every ISR check, on
+        the partition epoch it had, and each refusal went through the metadata leader and into a Raft
+        command, whose apply brought every node another reconcile (issue 32: 37,000 refusals after a
+        SIGKILL at 10,000 partitions)."""
+        reason = _refusal(self.raft.state.partition(*key), self.server_id, request)
+        if reason is not None:
+            log.debug("%s/%s: not asking for an ISR change the metadata refuses (%s)", *key, reason)
+            replica.isr_request_done(request, IsrOutcome.REFUSED)
+            return
+        self.tasks.spawn(self._change_isr(replica, request), "change ISR")
 
     async def _change_isr(self, replica: PartitionReplica, request: IsrRequest) -> None:
         add, replica_id = request.add, request.replica_id
@@ -242,6 +257,20 @@ class Maintenance:
             log.warning("auto-pause of %s/%s failed: %s", stream_name, partition, exc)
         finally:
             local.pause_requested = False
+
+
+def _refusal(partition: Partition | None, leader: str, request: IsrRequest) -> str | None:
+    """Why ``partition`` (this node's metadata) refuses ``request`` of this leader, as the metadata's
+    apply of it would (``metadata.election.validate_isr_change``); None when it may go."""
+    if partition is None:
+        return "no such partition"
+    decision = validate_isr_change(
+        IsrChangeKind.EXPAND if request.add else IsrChangeKind.SHRINK, request.replica_id, leader,
+        request.leader_epoch, leader=partition.leader, epoch=partition.leader_epoch, replicas=partition.replicas,
+        isr=partition.isr, request_partition_epoch=request.partition_epoch, partition_epoch=partition.epoch,
+        unclean=partition.unclean,
+    )
+    return None if decision.accepted else decision.reason
 
 
 class CleanerSchedule:
