@@ -431,6 +431,21 @@ def test_a_killed_node_leading_many_partitions_is_replaced_in_every_one_by_batch
     scenario(script, nodes=3, partitions=24, min_isr=2)
 
 
+def test_a_killed_nodes_partitions_are_shared_by_the_survivors() -> None:
+    """Issue 32: every tie of a batch of elections went to the survivor with the smallest id, which took
+    all of the dead node's partitions at once. Idle partitions tie: each goes to the survivor leading
+    fewest, counting the batch's own."""
+    async def script(cluster: SimCluster) -> None:
+        victim, mine, _ = await kill_the_busiest_leader(cluster)
+        assert len(mine) == 8
+        took = sorted(cluster.leader(partition) for partition in mine)
+        survivors = sorted(set(cluster.nodes) - {victim})
+        assert took == sorted(survivors * 4), took
+        cluster.nodes[victim].start()
+
+    scenario(script, nodes=3, partitions=24, min_isr=2)
+
+
 def test_while_a_voter_states_the_oldest_metadata_level_each_election_and_isr_change_is_its_own_command() -> None:
     """A node restarted stating metadata level 0, as a node of a version before ChangeLeaders and
     ChangeIsrs does (metadata.levels): when the node leading most partitions dies, the metadata

@@ -255,6 +255,18 @@ def test_no_successor_once_the_metadata_moved_on_or_while_an_unclean_member_may_
     assert elections.successor(unclean, "L", 3, {"b": Position(3, 12)}) is None
 
 
+def test_a_tie_goes_to_the_isr_member_leading_fewest_partitions():
+    """Issue 32: the service did not say how many partitions each member leads, so every tie of a batch of
+    elections went to the smallest id, and one survivor took all of a failed node's partitions."""
+    elections = Elections()
+    even = {"a": Position(3, 10), "b": Position(3, 10)}
+    assert elections.successor(VIEW, "L", 3, even).leader == "a"  # nothing said: the smallest id, as before
+    assert elections.successor(VIEW, "L", 3, even, {"a": 5, "b": 4}).leader == "b"
+    assert elections.successor(VIEW, "L", 3, {"a": Position(3, 11), "b": Position(3, 10)}, {"a": 5}).leader == "a"
+    returned = elections.leader_returned("p", VIEW, "L", 3, {"L": Position(3, 10), **even}, 0.0, {"L": 9, "a": 7})
+    assert returned is not None and returned.leader == "b"
+
+
 def test_a_returning_leader_that_lost_its_tail_hands_over_to_the_isr_member_holding_more():
     """A power cut took the leader's unsynced tail: followers hold more. It must not resume its
     epoch (followers would append its new entries after theirs); the best ISR member leads."""

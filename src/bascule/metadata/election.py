@@ -272,22 +272,24 @@ class Elections:
 
     def successor(
         self, view: PartitionView, failed_leader: str, failed_epoch: int, positions: Mapping[str, Position],
+        leaderships: Mapping[str, int] | None = None,
     ) -> Elect | None:
         """Who replaces ``failed_leader`` (of ``failed_epoch``, reported failed), from the positions
-        its ISR members gave since; None when the metadata moved on meanwhile, or no one may lead yet."""
+        its ISR members gave since; None when the metadata moved on meanwhile, or no one may lead yet.
+        ``leaderships``: how many partitions each broker leads, for ``choose_leader``'s ties."""
         if view.leader != failed_leader or view.leader_epoch != failed_epoch:
             return None
-        candidates = [Candidate(rid, *pos) for rid, pos in positions.items() if rid in view.isr]
+        candidates = _candidates(positions, view.isr, leaderships)
         new_leader = choose_leader(candidates, view.isr, exclude={failed_leader}, unclean=view.unclean)
         return None if new_leader is None else _elect(view, new_leader, failed_leader)
 
     def leader_returned(
         self, partition: Hashable, view: PartitionView, leader: str, leader_epoch: int,
-        positions: Mapping[str, Position], now: float,
+        positions: Mapping[str, Position], now: float, leaderships: Mapping[str, int] | None = None,
     ) -> Elect | None:
         """``leader`` restarted while the metadata names it leader of ``leader_epoch``;
         ``positions`` holds its own and those of the ISR members that answered. None: stale, or
-        wait (ask again later)."""
+        wait (ask again later). ``leaderships`` as for ``successor``."""
         if view.leader != leader or view.leader_epoch != leader_epoch:
             return None
         epoch, since = self._returning_since.get(partition, (leader_epoch, now))
@@ -297,7 +299,7 @@ class Elections:
         missing = view.isr - set(positions) - {leader}
         if missing and now - since < self.return_patience:
             return None
-        candidates = [Candidate(rid, *pos) for rid, pos in positions.items() if rid in view.isr]
+        candidates = _candidates(positions, view.isr, leaderships)
         new_leader = choose_leader(candidates, view.isr, unclean=view.unclean)
         return None if new_leader is None else _elect(view, new_leader, leader)
 
@@ -309,6 +311,17 @@ class Elections:
     def forget(self, partition: Hashable) -> None:
         self.reports.clear(partition)
         self._returning_since.pop(partition, None)
+
+
+def _candidates(
+    positions: Mapping[str, Position], isr: Collection[str], leaderships: Mapping[str, int] | None,
+) -> list[Candidate]:
+    """The ISR members that gave a position, with their leaderships: without them, every tie of a batch
+    of elections went to the smallest id, and the one survivor of a failed node's followers with the
+    smallest id took all its partitions (issue 32: 3,333 of them, whose bring-up then outlasted the
+    other survivor's leader timeout)."""
+    counts = leaderships or {}
+    return [Candidate(rid, *pos, counts.get(rid, 0)) for rid, pos in positions.items() if rid in isr]
 
 
 # -- (d) ISR change validation -----------------------------------------------------------

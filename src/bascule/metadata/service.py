@@ -292,12 +292,16 @@ class MetadataService:
                 wanted[key] = view.isr - {leader}
         gathered = await self._gather_positions(wanted)
         decisions = {}
+        # Each election's ties go to the broker leading fewest, counting those this batch gives it.
+        leaderships = self.raft.state.partitions_led_by()
         for key, (leader, leader_epoch, reporter) in failed.items():
             view = _partition_view(self.raft.state.partition(*key))
             if view is None:
                 self._elections.forget(key)
                 continue
-            decision = self._elections.successor(view, leader, leader_epoch, gathered.get(key, {}))
+            decision = self._elections.successor(view, leader, leader_epoch, gathered.get(key, {}), leaderships)
+            if decision is not None:
+                leaderships[decision.leader] = leaderships.get(decision.leader, 0) + 1
             if decision is None:
                 if view.unclean:
                     log.info("%s/%s: leader %s reported by %s; not electing the unclean %s while no clean ISR "
@@ -337,15 +341,17 @@ class MetadataService:
             return set()
         gathered = await self._gather_positions({key: brokers for key, (_, brokers) in returning.items()})
         decisions = {}
+        leaderships = self.raft.state.partitions_led_by()  # as for _elect_failed
         for key, (item, _) in returning.items():
             view = _partition_view(self.raft.state.partition(*key))
             if view is None:
                 continue
             positions = {**gathered.get(key, {}), item["leader"]: Position(item["last_epoch"], item["log_end_offset"])}
             decision = self._elections.leader_returned(
-                key, view, item["leader"], item["leader_epoch"], positions, self.clock(),
+                key, view, item["leader"], item["leader_epoch"], positions, self.clock(), leaderships,
             )
             if decision is not None:
+                leaderships[decision.leader] = leaderships.get(decision.leader, 0) + 1
                 log.info("%s/%s: leader %s returned (epoch %d), electing %s", *key, item["leader"],
                          item["leader_epoch"], decision.leader)
                 decisions[key] = decision
