@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import crc32c
+import msgpack
 from google.protobuf.message import DecodeError, Message
 
 MAGIC = b"\xb9\x0e\x43\xb4"
@@ -137,6 +138,18 @@ def decode(data: bytes | memoryview) -> tuple[MsgType, memoryview]:
 
 def encode_message(pb_msg: Message, msg_type: MsgType, with_crc: bool = False) -> bytes:
     return encode(msg_type, pb_msg.SerializeToString(), with_crc)
+
+
+def decode_packed(data: bytes | memoryview, expected_type: MsgType) -> Any:
+    """The msgpack body of an envelope of ``expected_type`` (bascule's own kinds), unchecked beyond
+    being msgpack: its reader checks its shape."""
+    msg_type, payload = decode(data)
+    if msg_type != expected_type:
+        raise EnvelopeError(f"expected a {expected_type.name} envelope, got {msg_type.name}")
+    try:
+        return msgpack.unpackb(payload, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise EnvelopeError(f"malformed {expected_type.name}: {exc}") from exc
 
 
 def decode_message(

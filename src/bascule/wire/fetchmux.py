@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
-from bascule.wire.envelope import EnvelopeError, MsgType, decode, encode
+from bascule.wire.envelope import EnvelopeError, MsgType, decode_packed, encode
 
 # Bounds the items of one request (and so of one answer): what one request costs a leader, and the
 # framing a reply must leave room for (``ANSWER_RESERVE``).
@@ -80,7 +80,7 @@ def encode_request(follower: str, items: list[MuxItem]) -> bytes:
 
 
 def decode_request(data: bytes | memoryview) -> MuxRequest:
-    body = _body(data, MsgType.FETCH_MUX_REQUEST)
+    body = decode_packed(data, MsgType.FETCH_MUX_REQUEST)
     if not (isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) and isinstance(body[1], list)):
         raise EnvelopeError("a fetch mux request is [follower id, items]")
     follower, raw_items = body
@@ -95,7 +95,7 @@ def encode_answer(answers: list[tuple[Code, bytes]]) -> bytes:
 
 def decode_answer(data: bytes | memoryview, items: int) -> list[tuple[Code, bytes]]:
     """The answer to a request of ``items`` items, each (code, reply)."""
-    body = _body(data, MsgType.FETCH_MUX_ANSWER)
+    body = decode_packed(data, MsgType.FETCH_MUX_ANSWER)
     if not isinstance(body, list) or len(body) != items:
         raise EnvelopeError(f"a fetch mux answer holds one reply per item ({items})")
     answers = []
@@ -110,16 +110,6 @@ def decode_answer(data: bytes | memoryview, items: int) -> list[tuple[Code, byte
             raise EnvelopeError(f"a {code.name} reply carries no bytes")
         answers.append((code, raw[1]))
     return answers
-
-
-def _body(data: bytes | memoryview, expected: MsgType) -> Any:
-    kind, payload = decode(data)
-    if kind != expected:
-        raise EnvelopeError(f"expected a {expected.name} envelope, got {kind.name}")
-    try:
-        return msgpack.unpackb(payload, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise EnvelopeError(f"malformed {expected.name}: {exc}") from exc
 
 
 def _item(raw: Any) -> MuxItem:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from bascule.wire.envelope import EnvelopeError, MsgType, decode, decode_message, encode
+from bascule.wire.envelope import EnvelopeError, MsgType, decode, decode_message, decode_packed, encode
 from bascule.wire.pb import internal_pb2
 
 # Bounds what one round costs a leader, and the items a session holds (its slots): a follower with
@@ -87,7 +87,7 @@ def encode_session_round(round_: SessionRound) -> bytes:
 
 
 def decode_session_round(data: bytes | memoryview) -> SessionRound:
-    body = _body(data, MsgType.FETCH_SESSION_ROUND)
+    body = decode_packed(data, MsgType.FETCH_SESSION_ROUND)
     if not (isinstance(body, list) and len(body) == 6):
         raise EnvelopeError("a fetch session round is [follower, session, round, leader time, set, emptied]")
     follower, session, number, leader_time, raw_upserts, removals = body
@@ -110,7 +110,7 @@ def encode_session_answer(leader_time: float, news: list[int] | None) -> bytes:
 
 
 def decode_session_answer(data: bytes | memoryview) -> SessionAnswer:
-    body = _body(data, MsgType.FETCH_SESSION_ANSWER)
+    body = decode_packed(data, MsgType.FETCH_SESSION_ANSWER)
     if not (isinstance(body, list) and len(body) == 2 and (body[1] is None or isinstance(body[1], list))):
         raise EnvelopeError("a fetch session answer is [leader time, news or nil]")
     news = body[1]
@@ -132,7 +132,7 @@ def encode_round(follower: str, leader_time: float, items: list[ParkedItem]) -> 
 
 
 def decode_round(data: bytes | memoryview) -> Round:
-    body = _body(data, MsgType.FETCH_SESSION_REQUEST)
+    body = decode_packed(data, MsgType.FETCH_SESSION_REQUEST)
     if not (isinstance(body, list) and len(body) == 3):
         raise EnvelopeError("a fetch session round is [follower, leader time, items]")
     follower, leader_time, raw_items = body
@@ -149,7 +149,7 @@ def encode_reply(leader_time: float, news: list[int]) -> bytes:
 
 def decode_reply(data: bytes | memoryview, items: int) -> RoundReply:
     """The reply to a round of ``items`` items: every index must name one of them, once, in order."""
-    body = _body(data, MsgType.FETCH_SESSION_RESPONSE)
+    body = decode_packed(data, MsgType.FETCH_SESSION_RESPONSE)
     if not (isinstance(body, list) and len(body) == 2 and isinstance(body[1], list)):
         raise EnvelopeError("a fetch session reply is [leader time, news]")
     news = body[1]
@@ -158,16 +158,6 @@ def decode_reply(data: bytes | memoryview, items: int) -> RoundReply:
     if news and (news[0] < 0 or news[-1] >= items or any(a >= b for a, b in zip(news, news[1:]))):
         raise EnvelopeError("a fetch session reply names items the round did not have")
     return RoundReply(_time(body[0]), news)
-
-
-def _body(data: bytes | memoryview, expected: MsgType) -> Any:
-    kind, payload = decode(data)
-    if kind != expected:
-        raise EnvelopeError(f"expected a {expected.name} envelope, got {kind.name}")
-    try:
-        return msgpack.unpackb(payload, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise EnvelopeError(f"malformed {expected.name}: {exc}") from exc
 
 
 def _time(value: Any) -> float:
@@ -209,7 +199,7 @@ def decode_notifications(data: bytes | memoryview) -> list[tuple[str, int]]:
     if kind == MsgType.PARTITION_NOTIFICATION:
         one = decode_message(data, kind, internal_pb2.PartitionNotification)
         return [(one.stream, one.partition)]
-    body = _body(data, MsgType.PARTITION_NOTIFICATIONS)
+    body = decode_packed(data, MsgType.PARTITION_NOTIFICATIONS)
     if not isinstance(body, list) or len(body) > MAX_ITEMS:
         raise EnvelopeError(f"notifications are a list of at most {MAX_ITEMS} [stream, partition] pairs")
     if not all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int
