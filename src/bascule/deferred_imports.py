@@ -6,6 +6,10 @@ server's imports) only to read two header names from it, and only for messages c
 (a request that found no responders, a flow control). The server is not a JetStream client: most
 starts never touch it.
 
+pysyncobj imports cryptography at its own import (6.7 MiB resident, 15-25 ms) for the encryptor of
+its Raft connections, which bascule makes itself when a connection first needs it: a node alone, the
+default, never does. It is imported as if cryptography were not installed (``import_without``).
+
 The standard library's ``importlib.util.LazyLoader`` cannot stand in here on Python 3.11: the import
 statement reads a module's ``__spec__`` when it finds it in ``sys.modules``, and that read loads a
 lazy module. A placeholder module with the real one's spec and path, whose attributes (PEP 562's
@@ -58,3 +62,17 @@ def _placeholder(spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
 
     placeholder.__getattr__ = load  # type: ignore[method-assign]
     return placeholder
+
+
+def import_without(package: str, optional: str) -> None:
+    """Imports ``package`` as it would be without ``optional`` installed, for a package that imports
+    ``optional`` at its own import only to offer it; as usual once either is imported already."""
+    if package in sys.modules or optional in sys.modules:
+        importlib.import_module(package)
+        return
+    sys.modules[optional] = None  # type: ignore[assignment]  # the import system's "not installed"
+    try:
+        importlib.import_module(package)
+    finally:
+        if optional in sys.modules and sys.modules[optional] is None:
+            del sys.modules[optional]

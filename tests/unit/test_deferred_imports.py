@@ -66,3 +66,42 @@ def test_an_imported_package_is_left_alone(package):
 def test_a_missing_package_or_submodule_is_skipped(package):
     defer_submodules(((package, "absent"), ("no_such_package_here", "js")))
     assert package not in sys.modules and "no_such_package_here" not in sys.modules
+
+
+@pytest.fixture
+def offering(tmp_path, monkeypatch, request):
+    """A package that imports an optional one at its own import only to offer it, as pysyncobj does
+    cryptography, and the optional one."""
+    name = f"offering_{request.node.name}"
+    optional = f"optional_{request.node.name}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(f"""
+        try:
+            import {optional}
+            HAS_OPTIONAL = True
+        except ImportError:
+            HAS_OPTIONAL = False
+    """))
+    (tmp_path / f"{optional}.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, optional
+    for module in (name, optional):
+        sys.modules.pop(module, None)
+
+
+def test_a_package_imported_without_its_optional_one_leaves_it_importable(offering):
+    from bascule.deferred_imports import import_without
+
+    package, optional = offering
+    import_without(package, optional)
+    assert sys.modules[package].HAS_OPTIONAL is False
+    assert optional not in sys.modules
+    assert importlib.import_module(optional).VALUE == 7  # whoever needs it later imports it as usual
+
+
+def test_import_without_changes_nothing_once_either_is_imported(offering):
+    from bascule.deferred_imports import import_without
+
+    package, optional = offering
+    importlib.import_module(optional)
+    import_without(package, optional)
+    assert sys.modules[package].HAS_OPTIONAL is True

@@ -11,19 +11,19 @@ from hypothesis import strategies as st
 
 from bascule.config import load_config
 from bascule.h2grpc.messages import MessageReader
-from bascule.partition import encryption
+from bascule.partition import encryption, value_cipher
 from bascule.partition.encryption import (
     DecryptionFailed,
     EncryptionUnavailable,
     InvalidMasterKey,
     Keyless,
     MasterKey,
-    ValueCipher,
     opening,
     stream_encrypted,
 )
 from bascule.partition.log import CommitLog
 from bascule.partition.replica import PartitionReplica, SyncPolicy
+from bascule.partition.value_cipher import ValueCipher
 from bascule.wire.entry import CorruptEntry, Record, decode_entries, encode_entries, stored_prefix
 from bascule.wire.messages import MessageEncoder
 from bascule.wire.names import RESERVED_STREAMS
@@ -63,7 +63,7 @@ def test_one_replica_seals_under_one_data_key_with_a_fresh_nonce_each_time():
 
 
 def test_a_replica_takes_a_new_data_key_after_its_uses_and_old_values_still_open(monkeypatch):
-    monkeypatch.setattr(encryption, "DATA_KEY_USES", 3)
+    monkeypatch.setattr(value_cipher, "DATA_KEY_USES", 3)
     cipher = ValueCipher(KEY)
     sealed = [cipher.seal(b"v%d" % i) for i in range(7)]
     assert len({value[:41] for value in sealed}) == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pysyncobj.encryptor import getEncryptor
 
-from bascule.metadata.raft import raft_encryptor
+from bascule.metadata.raft import EncryptorAtFirstUse, raft_encryptor
 
 
 def test_the_key_is_pysyncobj_s_both_ways(tmp_path):
@@ -36,3 +36,18 @@ def test_a_damaged_key_file_is_derived_again(tmp_path):
     key_file.write_text(f"{digest} not-a-fernet-key\n")  # this password's digest, a damaged key
     encryptor = raft_encryptor(key_file, "secret")
     assert getEncryptor("secret").decrypt(encryptor.encrypt(b"w")) == b"w"
+
+
+def test_the_encryptor_is_made_when_a_connection_first_uses_it(tmp_path):
+    made = []
+
+    def make():
+        made.append(raft_encryptor(tmp_path / "key", "secret"))
+        return made[-1]
+
+    encryptor = EncryptorAtFirstUse(make)
+    assert encryptor and made == []  # pysyncobj tests an encryptor's truth before using it
+    token = encryptor.encrypt_at_time(b"append entries", 1234)
+    assert encryptor.extract_timestamp(token) == 1234 and encryptor.decrypt(token) == b"append entries"
+    assert len(made) == 1
+    assert getEncryptor("secret").decrypt(token) == b"append entries"

@@ -13,13 +13,8 @@ Sans I/O: values, entries and the environment's key in, values and entries out.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap_with_padding, aes_key_wrap_with_padding
+from typing import Any, Protocol
 
 from bascule.wire.entry import CorruptEntry, EntryWalk, Record, decode_entries, encode_entries, scan, stored_prefix
 from bascule.wire.names import RESERVED_STREAMS
@@ -31,10 +26,6 @@ KEY_LENGTHS = (16, 24, 32)
 DATA_KEY_LENGTH = 32
 NONCE_LENGTH = 12
 TAG_LENGTH = 16
-# Random 96-bit nonces stay safe for 2**32 values per key (NIST SP 800-38D); a replica takes a new
-# data key long before that. Readers need not know: every value names its own.
-DATA_KEY_USES = 1 << 30
-_OPENERS_KEPT = 64  # data keys met while reading: one per leader run, or per DATA_KEY_USES values
 
 
 class EncryptionUnavailable(Exception):
@@ -76,9 +67,14 @@ class MasterKey:
                 return cls(key)
         return cls(None, f"{KEY_VARIABLES[1].decode()} is not set")
 
-    def values(self) -> ValueCipher | Keyless:
+    def values(self) -> Values:
         """A cipher for one replica's values (each replica its own data key)."""
-        return Keyless(self.problem or "no master key") if self._key is None else ValueCipher(self._key)
+        if self._key is None:
+            return Keyless(self.problem or "no master key")
+        # Imported here: cryptography (6.7 MiB resident, 15-25 ms to import) only on a node that seals.
+        from bascule.partition.value_cipher import ValueCipher
+
+        return ValueCipher(self._key)
 
     def __repr__(self) -> str:
         return "MasterKey(set)" if self._key is not None else f"MasterKey(missing: {self.problem})"
@@ -93,63 +89,6 @@ def stream_encrypted(stream: str, settings: Mapping[str, Any]) -> bool:
     """Whether a stream's values are sealed: as recorded when it was created (``encryption``), never
     for the server's internal streams."""
     return stream not in RESERVED_STREAMS and settings.get(SETTING) is True
-
-
-class ValueCipher:
-    """Seals values under this replica's data key, and opens any value sealed under the master key."""
-
-    __slots__ = ("_master", "_sealer", "_head", "_uses", "_openers")
-
-    def __init__(self, master_key: bytes) -> None:
-        check_master_key(master_key)
-        self._master = master_key
-        self._sealer: AESGCM | None = None  # made at the first seal: followers never need one
-        self._head = b""  # the wrapped data key and its length, the same in every value it seals
-        self._uses = 0
-        self._openers: dict[bytes, AESGCM] = {}  # wrapped data key -> its cipher
-
-    problem = None  # a ValueCipher can seal and open
-
-    def seal(self, value: bytes) -> bytes:
-        if self._sealer is None or self._uses >= DATA_KEY_USES:
-            self._new_data_key()
-        assert self._sealer is not None
-        self._uses += 1
-        nonce = os.urandom(NONCE_LENGTH)
-        return b"".join((self._head, nonce, self._sealer.encrypt(nonce, value, None)))
-
-    def _new_data_key(self) -> None:
-        data_key = AESGCM.generate_key(DATA_KEY_LENGTH * 8)
-        wrapped = aes_key_wrap_with_padding(self._master, data_key)
-        self._sealer, self._head, self._uses = AESGCM(data_key), bytes((len(wrapped),)) + wrapped, 0
-
-    def open(self, sealed: bytes) -> bytes:
-        """The value sealed in ``sealed``; DecryptionFailed if it is not one this master key opens."""
-        if not sealed:
-            raise DecryptionFailed("an empty stored value is no sealed value")
-        wrapped_end = 1 + sealed[0]
-        if len(sealed) < wrapped_end + NONCE_LENGTH + TAG_LENGTH:
-            raise DecryptionFailed(f"a sealed value of {len(sealed)} bytes is too short for its layout")
-        opener = self._opener(sealed[1:wrapped_end])
-        nonce_end = wrapped_end + NONCE_LENGTH
-        try:
-            return opener.decrypt(sealed[wrapped_end:nonce_end], sealed[nonce_end:], None)
-        except InvalidTag:
-            raise DecryptionFailed("the value fails its authentication tag (damaged or forged)") from None
-
-    def _opener(self, wrapped: bytes) -> AESGCM:
-        opener = self._openers.get(wrapped)
-        if opener is None:
-            try:
-                opener = AESGCM(aes_key_unwrap_with_padding(self._master, wrapped))
-            except (InvalidUnwrap, ValueError):
-                raise DecryptionFailed(
-                    "its data key does not unwrap under this node's master key (sealed under another key, or damaged)"
-                ) from None
-            if len(self._openers) >= _OPENERS_KEPT:
-                self._openers.clear()
-            self._openers[wrapped] = opener
-        return opener
 
 
 class Keyless:
@@ -167,7 +106,15 @@ class Keyless:
         raise EncryptionUnavailable(f"this node has no valid encryption key: {self.problem}")
 
 
-Values = ValueCipher | Keyless
+class Values(Protocol):
+    """What a replica seals and opens its values with: a ValueCipher, or Keyless."""
+
+    @property
+    def problem(self) -> str | None: ...  # why it cannot seal nor open, or None
+
+    def seal(self, value: bytes) -> bytes: ...
+
+    def open(self, sealed: bytes) -> bytes: ...
 
 
 def sealed_records(values: Values, records: Sequence[Record]) -> list[Record]:
