@@ -250,17 +250,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["server"]:
+        _import_server()
         from bascule.config.loading import go_style_flags
 
         argv = ["server", *go_style_flags(argv[1:])]
     args = build_parser().parse_args(argv)
     if args.command == "server":
-        from bascule.deferred_imports import defer_submodules
-
-        defer_submodules()
+        _import_server()
         from bascule.server import run_from_args
 
         return run_from_args(args)
     from bascule.cli.admin import run
 
     return run(args)
+
+
+def _import_server() -> None:
+    """The server's modules, imported with their dataclasses' code kept (``dataclass_code``) and
+    nats-py's JetStream API deferred (``deferred_imports``)."""
+    if "bascule.server" in sys.modules:
+        return
+    from bascule import dataclass_code
+    from bascule.deferred_imports import defer_submodules
+
+    dataclass_code.install()
+    defer_submodules()
+    import bascule.server  # noqa: F401
+
+    dataclass_code.finish()
