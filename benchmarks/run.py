@@ -11,6 +11,7 @@ import json
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -234,6 +235,7 @@ def main(argv: list[str]) -> int:
     complete_args(args)
     # Node processes start as an installed package's would: from bytecode (see `make bytecode`).
     compileall.compile_dir(Path(bascule.__file__).parent, quiet=1)
+    subprocess.run([sys.executable, "-m", "bascule.dataclass_code"], check=True)
     profiler = Profiler(Path(args.profile).resolve(), args.profile_rate, args.profile_native) if args.profile else None
 
     def terminate(signum: int, frame: Any) -> None:
