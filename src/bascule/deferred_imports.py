@@ -4,7 +4,9 @@ first use instead.
 nats-py's client imports its JetStream API (``nats.js``: 20 ms of every start, about a tenth of the
 server's imports) only to read two header names from it, and only for messages carrying a status
 (a request that found no responders, a flow control). The server is not a JetStream client: most
-starts never touch it.
+starts never touch it. protobuf's descriptor pool imports its pure-Python message classes
+(``google.protobuf.internal.python_message``, with the text format: 11 ms, 0.8 MiB) for the pure-Python
+implementation only; with upb, as here, only printing a message as text loads them.
 
 pysyncobj imports cryptography at its own import (6.7 MiB resident, 15-25 ms) for the encryptor of
 its Raft connections, which bascule makes itself when a connection first needs it: a node alone, the
@@ -26,7 +28,7 @@ import types
 from typing import Any
 
 # (package, submodule): the package is imported here, the submodule only when first used.
-SERVER_DEFERRED = (("nats", "js"),)
+SERVER_DEFERRED = (("nats", "js"), ("google.protobuf.internal", "python_message"))
 
 
 def defer_submodules(deferred: tuple[tuple[str, str], ...] = SERVER_DEFERRED) -> None:

@@ -19,16 +19,20 @@ def test_the_server_starts_without_grpcio_prometheus_client_casbin_or_cryptograp
     assert loaded.strip() == "[]"
 
 
-def test_the_server_defers_nats_js_until_used():
+def test_the_server_defers_nats_js_and_protobuf_s_python_messages_until_used():
     probe = (
         "import sys\n"
         "from bascule.deferred_imports import defer_submodules\n"
         "defer_submodules()\n"
         "import bascule.server\n"
-        "loaded_at_start = 'nats.js.api' in sys.modules\n"
+        "from bascule.wire.pb import api_pb2\n"
+        "python_messages = sys.modules['google.protobuf.internal.python_message']\n"
+        "message = api_pb2.Message.FromString(api_pb2.Message(value=b'x', headers={'h': b'v'}).SerializeToString())\n"
+        "loaded_at_start = ['nats.js.api' in sys.modules, '_AttachFieldHelpers' in vars(python_messages)]\n"
         "import nats\n"
         "status = nats.js.api.Header.STATUS.value\n"  # what nats-py reads for a no-responders status
-        "print(loaded_at_start, status, sys.modules['nats.js'] is nats.js)\n"
+        "text = str(message).split()\n"  # the text format: python_message loads
+        "print(*loaded_at_start, status, sys.modules['nats.js'] is nats.js, text[:2])\n"
     )
     printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert printed.split() == ["False", "Status", "True"]
+    assert printed.strip().split(maxsplit=4) == ["False", "False", "Status", "True", "['value:', '\"x\"']"]
