@@ -4,9 +4,9 @@ The dataclasses module writes each class's methods (``__init__``, ``__eq__``, ``
 source text and compiles it with ``exec`` as the class is made: 500 compiles, 50-70 ms of the
 server's 230 ms of imports, on every start. Python keeps a module's bytecode in ``__pycache__``, not
 these; here their code objects are kept likewise, in a marshal file in bascule's ``__pycache__``,
-found by the very text they were compiled from (a text compiles to the same code wherever it comes
-from), and an ``exec`` of a text found runs its code instead of compiling it. A text not found is
-compiled as before.
+found by a digest of the very text they were compiled from (a text compiles to the same code
+wherever it comes from), and an ``exec`` of a text found runs its code instead of compiling it. A
+text not found is compiled as before.
 
 The file is written where Python would write bytecode: by ``make bytecode`` (``python -m
 bascule.dataclass_code``), and by a server whose start compiled texts the file lacked unless bytecode
@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import marshal
 import os
@@ -31,18 +32,25 @@ from typing import Any
 CACHE = Path(__file__).parent / "__pycache__" / f"dataclass-code.{sys.implementation.cache_tag}.marshal"
 
 
-class _CodeCache:
-    """The code objects of texts, as loaded, and whether this process compiled texts it lacked."""
+def text_digest(text: str) -> bytes:
+    # The texts themselves would hold as much memory as their code (170 KiB for the server's).
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
-    def __init__(self, codes: dict[str, types.CodeType]) -> None:
+
+class _CodeCache:
+    """The code objects by their texts' digests, as loaded, and whether this process compiled texts
+    it lacked."""
+
+    def __init__(self, codes: dict[bytes, types.CodeType]) -> None:
         self.codes = codes
         self.missed = False
 
     def exec(self, source: Any, globals_: Any = None, locals_: Any = None) -> None:
         if isinstance(source, str):
-            code = self.codes.get(source)
+            digest = text_digest(source)
+            code = self.codes.get(digest)
             if code is None:
-                code = self.codes[source] = compile(source, "<string>", "exec")
+                code = self.codes[digest] = compile(source, "<string>", "exec")
                 self.missed = True
             source = code
         builtins.exec(source, globals_, locals_)
@@ -75,18 +83,20 @@ def finish(path: Path = CACHE, *, write: bool | None = None) -> None:
             save(path, cache.codes)
 
 
-def load(path: Path) -> dict[str, types.CodeType]:
-    """The file's texts and codes; nothing from a file this Python did not write, or damaged."""
+def load(path: Path) -> dict[bytes, types.CodeType]:
+    """The file's digests and codes; nothing from a file this Python did not write, or damaged."""
     try:
         magic, codes = marshal.loads(path.read_bytes())
     except (OSError, EOFError, ValueError, TypeError):
         return {}
     if magic != importlib.util.MAGIC_NUMBER or not isinstance(codes, dict):
         return {}
-    return {text: code for text, code in codes.items() if isinstance(text, str) and isinstance(code, types.CodeType)}
+    return {
+        digest: code for digest, code in codes.items() if isinstance(digest, bytes) and isinstance(code, types.CodeType)
+    }
 
 
-def save(path: Path, codes: dict[str, types.CodeType]) -> None:
+def save(path: Path, codes: dict[bytes, types.CodeType]) -> None:
     # Whole or not at all, whoever else writes it at the same time: the last one in wins.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -58,10 +58,13 @@ def test_a_class_made_from_kept_code_is_the_class_compiled_afresh(cache):
     assert cache.stat().st_mtime_ns == written  # every text was found: nothing to write
 
 
+MAGIC = dataclass_code.importlib.util.MAGIC_NUMBER
+
+
 @pytest.mark.parametrize("garbage", [
     b"", b"\x00\xff garbage", marshal.dumps([1, 2, 3]), marshal.dumps((b"\x00\x00\x0d\x0a", {})),
-    marshal.dumps((dataclass_code.importlib.util.MAGIC_NUMBER, {"text": "not code", 7: compile("", "", "exec")})),
-    marshal.dumps((dataclass_code.importlib.util.MAGIC_NUMBER, ["not", "a", "dict"])),
+    marshal.dumps((MAGIC, {b"digest": "not code", "text": compile("", "", "exec")})),
+    marshal.dumps((MAGIC, ["not", "a", "dict"])),
 ])
 def test_a_file_that_does_not_load_is_ignored_and_written_anew(cache, garbage):
     cache.parent.mkdir(parents=True)
