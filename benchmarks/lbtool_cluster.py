@@ -101,28 +101,48 @@ class BytesToBrokers:
         return max(self.sent, key=self.sent.__getitem__) if self.sent else "?"
 
 
-def run_lbtool(system: str, brokers: list[Broker], extra_pids: list[int], stream: str, args: argparse.Namespace,
-               leader_of: object) -> Trial:
-    command = [str(LBTOOL), "pub", "-addrs", ",".join(b.address for b in brokers), "-stream", stream,
-               "-n", str(args.n), "-size", str(args.size), "-window", str(args.window), "-ack", "all", "-rf", "3",
-               "-warm"]
-    pids = {b.server_id: b.pid for b in brokers}
-    before = {sid: process_cpu_seconds(pid) for sid, pid in pids.items()}
-    others_before = sum(process_cpu_seconds(pid) for pid in extra_pids)
+@contextmanager
+def cpu_spent(pids: list[int]) -> Iterator[dict[int, float]]:
+    """CPU seconds each of `pids` spent inside the block (the dict is filled in on the way out)."""
+    before = {pid: process_cpu_seconds(pid) for pid in pids}
+    spent: dict[int, float] = {}
+    yield spent
+    spent.update({pid: process_cpu_seconds(pid) - seconds for pid, seconds in before.items()})
+
+
+def lbtool_output(command: list[str], ports: dict[int, str] | None = None,
+                  timeout: float = PUB_TIMEOUT) -> tuple[str, str]:
+    """lbtool's output, and with `ports` (broker port -> id) the broker it sent the most bytes to."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ports = {int(b.address.rsplit(":", 1)[1]): b.server_id for b in brokers}
-    with BytesToBrokers(process.pid, ports) as sampler:
-        output, _ = process.communicate(timeout=PUB_TIMEOUT)
+    try:
+        if ports is None:
+            return process.communicate(timeout=timeout)[0], "?"
+        with BytesToBrokers(process.pid, ports) as sampler:
+            output = process.communicate(timeout=timeout)[0]
+        return output, sampler.busiest
+    finally:
+        if process.poll() is None:  # a timeout or Ctrl-C: lbtool must not outlive the run
+            process.kill()
+            process.wait()
+
+
+def run_lbtool(system: str, brokers: list[Broker], extra_pids: list[int], stream: str, args: argparse.Namespace,
+               leader_of: object, ack: str = "all", rf: int = 3, sample: bool = True) -> Trial:
+    """One `lbtool pub` trial; `sample` watches which broker took the publishes (pointless on one node)."""
+    command = [str(LBTOOL), "pub", "-addrs", ",".join(b.address for b in brokers), "-stream", stream,
+               "-n", str(args.n), "-size", str(args.size), "-window", str(args.window), "-ack", ack, "-rf", str(rf),
+               "-warm"]
+    ports = {int(b.address.rsplit(":", 1)[1]): b.server_id for b in brokers} if sample else None
     # The warm-up publish and the stream's creation are in the CPU too: small against n messages.
-    node_cpu = {sid: process_cpu_seconds(pid) - before[sid] for sid, pid in pids.items()}
-    others = sum(process_cpu_seconds(pid) for pid in extra_pids) - others_before
+    with cpu_spent([b.pid for b in brokers] + extra_pids) as spent:
+        output, sent_to = lbtool_output(command, ports)
     found = re.search(r"rate=(\d+) msg/s errors=(\d+)", output)
     if found is None:
         raise RuntimeError(f"{system}: lbtool pub failed:\n{output}")
     leader = leader_of(stream)  # type: ignore[operator]
-    total = sum(node_cpu.values()) + others
-    return Trial(system, float(found.group(1)), int(found.group(2)), leader, sampler.busiest,
-                 total / args.n * 1e6, {sid: cpu / args.n * 1e6 for sid, cpu in node_cpu.items()})
+    node_cpu = {b.server_id: spent[b.pid] for b in brokers}
+    return Trial(system, float(found.group(1)), int(found.group(2)), leader, sent_to,
+                 sum(spent.values()) / args.n * 1e6, {sid: cpu / args.n * 1e6 for sid, cpu in node_cpu.items()})
 
 
 def fetch_metadata(address: str, stream: str | None = None, timeout: float = 10.0) -> object:
@@ -146,41 +166,53 @@ def fetch_leader(address: str, stream: str) -> str:
 
 
 @contextmanager
-def bascule_cluster(base: Path, level: str) -> Iterator[tuple[list[Broker], list[int]]]:
+def bascule_cluster(base: Path, level: str, size: int = 3,
+                    embedded_nats: bool = False) -> Iterator[tuple[list[Broker], list[int]]]:
+    """bascule's nodes and the pids of the NATS they use: the shared nats-server, or each node's own child
+    (``--embedded-nats``, one node)."""
     from bascule.testing.local import LocalCluster
 
-    with LocalCluster(3, base_dir=base / "bascule", level=level, keep_data=False) as cluster:
+    with LocalCluster(size, base_dir=base / "bascule", level=level, keep_data=False,
+                      embedded_nats=embedded_nats) as cluster:
         brokers = [Broker(node.server_id, node.address, node.pid) for node in cluster.nodes]  # type: ignore[arg-type]
-        yield brokers, [cluster.nats.pid] if cluster.nats and cluster.nats.pid else []
+        children = [pid for node in cluster.nodes for pid in node.pids() if pid != node.pid]
+        yield brokers, [cluster.nats.pid] if cluster.nats and cluster.nats.pid else children
 
 
 @contextmanager
-def liftbridge_cluster(base: Path) -> Iterator[tuple[list[Broker], list[int]]]:
+def liftbridge_cluster(base: Path, size: int = 3,
+                       embedded_nats: bool = False) -> Iterator[tuple[list[Broker], list[int]]]:
+    """Liftbridge's brokers on one nats-server, or one broker with its NATS embedded (in its own process, so
+    no NATS pid is yielded)."""
     from bascule.testing.local import LocalNatsServer
     from bascule.testing.ports import free_port
 
     root = base / "liftbridge"
     root.mkdir(parents=True)
-    nats = LocalNatsServer(root / "nats.log")
+    nats = None if embedded_nats else LocalNatsServer(root / "nats.log")
     processes: list[subprocess.Popen[bytes]] = []
-    nats.start()
     try:
-        ids = ["lb1", "lb2", "lb3"]
+        if nats is None:
+            nats_settings = embedded_nats_settings(root, free_port(HOST))
+        else:
+            nats.start()
+            nats_settings = f"nats.servers: [\"{nats.url}\"]\n"
+        ids = [f"lb{index + 1}" for index in range(size)]
         brokers = []
         for server_id in ids:
             port = free_port(HOST)
+            bootstrap = f"raft.bootstrap.peers: [{', '.join(ids)}]" if size > 1 else "raft.bootstrap.seed: true"
             config = root / f"{server_id}.yaml"
             config.write_text(
-                f"listen: {HOST}:{port}\ndata.dir: {root / server_id}\nlogging.level: warn\n"
-                f"nats.servers: [\"{nats.url}\"]\n"
-                f"clustering: {{server.id: {server_id}, raft.bootstrap.peers: [{', '.join(ids)}]}}\n"
+                f"listen: {HOST}:{port}\ndata.dir: {root / server_id}\nlogging.level: warn\n{nats_settings}"
+                f"clustering: {{server.id: {server_id}, {bootstrap}}}\n"
             )
             log = open(root / f"{server_id}.log", "wb")  # noqa: SIM115 (closed with the process)
             processes.append(subprocess.Popen([str(LIFTBRIDGE), "--config", str(config)], stdout=log, stderr=log))
             log.close()
             brokers.append(Broker(server_id, f"{HOST}:{port}", processes[-1].pid))
         wait_for_metadata_leader(brokers)
-        yield brokers, [nats.pid] if nats.pid else []
+        yield brokers, [nats.pid] if nats is not None and nats.pid else []
     finally:
         for process in processes:
             process.terminate()
@@ -190,23 +222,52 @@ def liftbridge_cluster(base: Path) -> Iterator[tuple[list[Broker], list[int]]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        nats.stop()
+        if nats is not None:
+            nats.stop()
+
+
+def embedded_nats_settings(root: Path, port: int) -> str:
+    """Config lines for Liftbridge's embedded NATS: it needs a config file of its own to bind loopback only."""
+    nats_config = root / "embedded-nats.conf"
+    nats_config.write_text(f'listen: "{HOST}:{port}"\n')
+    return (f"nats.embedded: true\nnats.embedded.config: {nats_config}\n"
+            f"nats.servers: [\"nats://{HOST}:{port}\"]\n")
 
 
 def wait_for_metadata_leader(brokers: list[Broker], timeout: float = 60.0) -> None:
-    """Until every broker is registered in the metadata (Liftbridge's Raft has a leader)."""
+    """Until every broker is registered in the metadata (Liftbridge's Raft has a leader) and, on several brokers,
+    the metadata leader takes a CreateStream: a fresh cluster lists its brokers a while before that, and lbtool's
+    first create would fail with "no responders"."""
     import grpc
 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if len(fetch_metadata(brokers[0].address, timeout=5.0).brokers) == len(brokers):  # type: ignore[attr-defined]
+            if (len(fetch_metadata(brokers[0].address, timeout=5.0).brokers) == len(brokers)  # type: ignore[attr-defined]
+                    and (len(brokers) == 1 or creates_streams(brokers[0].address))):
                 return
         except grpc.RpcError:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError("the Liftbridge cluster did not form")
         time.sleep(0.5)
+
+
+def creates_streams(address: str, name: str = "ready-probe") -> bool:
+    """Whether a stream can be created (and then deleted) through the broker at `address`."""
+    import grpc
+
+    from bascule.wire.pb import api_pb2, api_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = api_pb2_grpc.APIStub(channel)
+        try:
+            stub.CreateStream(api_pb2.CreateStreamRequest(subject=name, name=name), timeout=5.0)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.ALREADY_EXISTS:
+                return False
+        stub.DeleteStream(api_pb2.DeleteStreamRequest(name=name), timeout=5.0)
+    return True
 
 
 def summary(trials: list[Trial]) -> list[str]:
