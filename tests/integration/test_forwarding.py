@@ -251,6 +251,28 @@ async def test_a_burst_through_a_follower_across_a_leader_change_is_acked_truly(
     assert {m.offset: m.value.decode() for m in messages if m.offset in acked} == acked
 
 
+async def test_a_publish_forwarded_to_a_leader_that_stops_answering_fails_once_another_leads(
+        cluster: LocalCluster) -> None:
+    """A leader frozen (SIGSTOP, as one SIGKILLed with the burst in hand) never answers a forwarded
+    publish: the follower that forwarded it tells its client UNAVAILABLE once the metadata names
+    another leader, not after FORWARD_TIMEOUT (30 s), and the client's retry is acked by the new one."""
+    stream, _, follower = await new_stream(cluster)
+    old = await leader_index(cluster, stream)
+    await publish(follower, request(stream, b"before", ALL))
+    cluster.pause(old)
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await publish(follower, request(stream, b"unanswered", ALL))
+        elapsed = asyncio.get_running_loop().time() - started
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+        assert elapsed < 8, f"told after {elapsed:.1f} s"
+        ack = (await publish(follower, request(stream, b"retried", ALL))).ack
+        assert ack.ackPolicy == ALL and ack.offset >= 1
+    finally:
+        cluster.resume(old)
+
+
 async def test_a_garbled_forwarded_burst_is_refused_and_the_leader_keeps_serving(cluster: LocalCluster) -> None:
     stream, leader, follower = await new_stream(cluster)
     leader_id = next(node.server_id for node in cluster.nodes if node.address == leader)

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from nats.errors import NoRespondersError
@@ -51,6 +52,16 @@ FORWARD_TIMEOUT = 30.0
 SubmitBurst = Callable[..., None]  # PublishPath.submit_burst
 
 
+@dataclass(frozen=True)
+class _Target:
+    """Where a burst is forwarded: its leader's forwarding subject, and the partition it leads."""
+
+    subject: str
+    leader: str
+    stream: str
+    partition: int
+
+
 class Forwarder:
     """Sends bursts to the leaders of partitions led elsewhere, and serves the bursts other nodes
     forward to the partitions this node leads. In flight: a task per burst, as many as the gRPC
@@ -66,6 +77,10 @@ class Forwarder:
         self.submit_burst: SubmitBurst | None = None  # set by the PublishPath that owns it
         self._subscription: TransportSubscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The bursts awaiting their leader's reply, by partition, with the leader each went to.
+        self._unanswered: dict[tuple[str, int], dict[asyncio.Task[None], str]] = {}
+        self._moved: set[asyncio.Task[None]] = set()  # of those, the ones cancelled as their leader moved
+        self._watching = False
 
     async def start(self, submit_burst: SubmitBurst) -> None:
         """Serve forwarded bursts, appended with ``submit_burst``; the NATS server has the
@@ -97,7 +112,7 @@ class Forwarder:
         a NATS message; ``on_acks`` gets the framed responses of those that asked for an ack (their
         acks naming ``inbox``), or their indices and the error (``Unforwarded``: nothing was
         written). Without ``on_acks`` nothing is awaited."""
-        subject = forward_subject(self.namespace, leader)
+        target = _Target(forward_subject(self.namespace, leader), leader, stream, partition)
         header = functools.partial(encode_header, stream, partition, inbox=inbox)
         limit = self.max_batch_bytes - len(header(0))
         start, size, entries = 0, 0, list[bytes]()
@@ -105,27 +120,37 @@ class Forwarder:
             entry = encode_entry(request.ackPolicy, request.expectedOffset, request.correlationId.encode(),
                                  request.key, request.value, dict(request.headers) if request.headers else None)
             if entries and size + len(entry) > limit:
-                self._send(subject, header, entries, requests, start, on_acks)
+                self._send(target, header, entries, requests, start, on_acks)
                 start, size, entries = index, 0, []
             entries.append(entry)
             size += len(entry)
         if entries:
-            self._send(subject, header, entries, requests, start, on_acks)
+            self._send(target, header, entries, requests, start, on_acks)
 
-    def _send(self, subject: str, header: Callable[[int], bytes], entries: list[bytes],
+    def _send(self, target: _Target, header: Callable[[int], bytes], entries: list[bytes],
               requests: list[api_pb2.PublishRequest], first: int, on_acks: BurstOutcome | None) -> None:
         payload = header(len(entries)) + b"".join(entries)
         if on_acks is None:
-            self._spawn(self.transport.publish(subject, payload))
+            self._spawn(self.transport.publish(target.subject, payload))
             return
         acked = [first + i for i in range(len(entries)) if requests[first + i].ackPolicy != capture.NONE]
-        self._spawn(self._request(subject, payload, len(entries), first, acked, on_acks))
+        self._spawn(self._request(target, payload, len(entries), first, acked, on_acks))
 
-    async def _request(self, subject: str, payload: bytes, count: int, first: int, acked: list[int],
+    async def _request(self, target: _Target, payload: bytes, count: int, first: int, acked: list[int],
                        on_acks: BurstOutcome) -> None:
+        subject, task, key = target.subject, asyncio.current_task(), (target.stream, target.partition)
+        assert task is not None
+        self._unanswered.setdefault(key, {})[task] = target.leader
+        self._watch_leaders()
         try:
             reply = await self.transport.request(subject, payload, FORWARD_TIMEOUT)
             parts = decode_reply(reply.data, count)
+        except asyncio.CancelledError:
+            if task not in self._moved:
+                raise
+            on_acks(acked, None, NotLeader(f"{key[0]}/{key[1]}: its leader changed from {target.leader} while a "
+                                           "forwarded burst was unanswered"))
+            return
         except NoRespondersError:
             on_acks(acked, None, Unforwarded(f"nobody takes forwarded publishes on {subject}"))
             return
@@ -136,6 +161,8 @@ class Forwarder:
         except Exception as exc:  # timed out, or the connection is gone
             on_acks(acked, None, exc)
             return
+        finally:
+            self._answered(task, key)
         wanted = set(acked)
         for part in parts:
             indices = [first + index for index in part.indices if first + index in wanted]
@@ -148,6 +175,46 @@ class Forwarder:
                 on_acks(indices, None, _error(part.error, part.message))
         if wanted:  # never left hanging, whatever the leader answered
             on_acks(sorted(wanted), None, RuntimeError("the leader left forwarded publishes unanswered"))
+
+    def _answered(self, task: asyncio.Task[None], key: tuple[str, int]) -> None:
+        self._moved.discard(task)
+        bursts = self._unanswered[key]
+        del bursts[task]
+        if not bursts:
+            del self._unanswered[key]
+
+    def _watch_leaders(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self._spawn(self._fail_moved_bursts())
+
+    async def _fail_moved_bursts(self) -> None:
+        """While bursts are unanswered: those whose partition the metadata gives another leader are
+        told NotLeader, as by any leader that lost its leadership, and their clients retry with the
+        new one. A leader that died with a burst (SIGKILL, a lost connection) never answers it, and
+        its client would wait out FORWARD_TIMEOUT, past the failover. The burst may have been
+        written, as any publish whose ack is lost."""
+        try:
+            while self._unanswered:
+                moved = await self.raft.watch.until(self._moved_or_idle, None)
+                for task in moved if isinstance(moved, list) else ():
+                    self._moved.add(task)
+                    task.cancel()
+        finally:
+            self._watching = False
+
+    def _moved_or_idle(self) -> list[asyncio.Task[None]] | bool:
+        """The unanswered bursts whose partition is now led elsewhere, not told yet; True when none
+        is unanswered."""
+        if not self._unanswered:
+            return True
+        state = self.raft.state
+        moved = []
+        for (stream, partition), bursts in self._unanswered.items():
+            meta = state.partition(stream, partition)
+            moved += [task for task, leader in bursts.items()
+                      if (meta is None or meta.leader != leader) and task not in self._moved]
+        return moved
 
     # ---- the leader -------------------------------------------------------------------------
 
