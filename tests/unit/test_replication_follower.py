@@ -8,6 +8,7 @@ from bascule.partition.replication.follower import (
     Follower,
     FollowerConfig,
     FollowerState,
+    Pause,
     ReportLeader,
     RestartLog,
     SendEpochQuery,
@@ -15,6 +16,7 @@ from bascule.partition.replication.follower import (
     SetHighWatermark,
     Truncate,
     WaitForData,
+    retry_pause,
 )
 from bascule.partition.replication.leader import start_leader_epoch
 
@@ -313,8 +315,9 @@ def test_parked_contact_counts_as_the_leader_s_answer():
     f.on_replicate(3, 4, [], 1.0)  # caught up at 1.0: parked
     f.on_parked_contact(14.0, 7.5)  # a round answered at 14.0
     assert f.tick(15.5) == [SendFetch(5, 3, 7.5)]  # the idle wait is over; the leader is not silent
-    assert f.on_fetch_failed(28.9) == [SendFetch(5, 3, 7.5)]
-    assert f.on_fetch_failed(29.1) == [ReportLeader("L", 3), SendFetch(5, 3, 7.5)]  # 15 s after 14.0
+    assert f.on_fetch_failed(28.9) == [Pause(28.9 + 0.05), SendFetch(5, 3, 7.5)]
+    # 15 s after 14.0
+    assert f.on_fetch_failed(29.1) == [ReportLeader("L", 3), Pause(29.1 + 0.1), SendFetch(5, 3, 7.5)]
 
 
 def test_parked_contact_never_moves_contact_back_nor_counts_outside_idle():
@@ -324,7 +327,7 @@ def test_parked_contact_never_moves_contact_back_nor_counts_outside_idle():
     assert f.next_deadline() == 20.0
     assert f.on_notify(10.5) == [SendFetch(5, 3, 2.0)]
     f.on_parked_contact(30.0, 9.0)  # fetching now: not parked, nothing counts
-    assert f.on_fetch_failed(25.1) == [ReportLeader("L", 3), SendFetch(5, 3, 2.0)]
+    assert f.on_fetch_failed(25.1) == [ReportLeader("L", 3), Pause(25.1 + 0.05), SendFetch(5, 3, 2.0)]
 
 
 def test_next_deadline():
@@ -340,9 +343,9 @@ def test_next_deadline():
 def test_silent_leader_is_reported_once_per_timeout():
     f = fetching(leo=5)
     f.on_replicate(3, 4, [(5, 1)], 1.0)  # last contact at 1.0
-    assert f.on_fetch_failed(10.0) == [SendFetch(6, 3)]
-    assert f.on_fetch_failed(16.5) == [ReportLeader("L", 3), SendFetch(6, 3)]
-    assert f.on_fetch_failed(20.0) == [SendFetch(6, 3)]
+    assert f.on_fetch_failed(10.0) == [Pause(10.0 + 0.05), SendFetch(6, 3)]
+    assert f.on_fetch_failed(16.5) == [ReportLeader("L", 3), Pause(16.5 + 0.1), SendFetch(6, 3)]
+    assert f.on_fetch_failed(20.0) == [Pause(20.0 + 0.2), SendFetch(6, 3)]
     assert f.tick(31.0) == []
     assert f.tick(31.5) == [ReportLeader("L", 3)]
     assert f.next_deadline() == 46.5
@@ -351,8 +354,8 @@ def test_silent_leader_is_reported_once_per_timeout():
 def test_unanswered_epoch_query_is_reported():
     f = follower(now=0.0)
     f.start()
-    assert f.on_epoch_query_failed(3.0) == [SendEpochQuery(1)]
-    assert f.on_epoch_query_failed(15.5) == [ReportLeader("L", 3), SendEpochQuery(1)]
+    assert f.on_epoch_query_failed(3.0) == [Pause(3.0 + 0.05), SendEpochQuery(1)]
+    assert f.on_epoch_query_failed(15.5) == [ReportLeader("L", 3), Pause(15.5 + 0.1), SendEpochQuery(1)]
     assert fetching().on_epoch_query_failed(20.0) == []
 
 
@@ -360,8 +363,53 @@ def test_answers_count_as_contact():
     f = follower(now=0.0)
     f.start()
     f.on_epoch_answer(1, 5, 14.0)
-    assert f.on_fetch_failed(20.0) == [SendFetch(5, 3)]
-    assert f.on_fetch_failed(29.5) == [ReportLeader("L", 3), SendFetch(5, 3)]
+    assert f.on_fetch_failed(20.0) == [Pause(20.0 + 0.05), SendFetch(5, 3)]
+    assert f.on_fetch_failed(29.5) == [ReportLeader("L", 3), Pause(29.5 + 0.1), SendFetch(5, 3)]
+
+
+# -- failed requests --------------------------------------------------------------------------
+
+
+def test_the_retry_pause_doubles_from_50_ms_up_to_a_quarter_of_the_leader_timeout_and_1_s():
+    assert [retry_pause(n, 15.0) for n in range(1, 8)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert [retry_pause(n, 2.0) for n in range(1, 6)] == [0.05, 0.1, 0.2, 0.4, 0.5]
+    assert retry_pause(1, 0.1) == 0.025  # a tiny leader timeout caps even the first
+    assert retry_pause(10**6, 15.0) == 1.0  # a long outage's count
+
+
+def test_failed_requests_pause_longer_each_time_until_the_leader_answers():
+    f = follower(now=0.0)
+    f.start()
+    assert f.on_epoch_query_failed(1.0) == [Pause(1.0 + 0.05), SendEpochQuery(1)]
+    assert f.on_epoch_query_failed(2.0) == [Pause(2.0 + 0.1), SendEpochQuery(1)]
+    f.on_epoch_answer(1, 5, 3.0)  # an answer: the next failure pauses as the first did
+    assert f.on_fetch_failed(4.0) == [Pause(4.0 + 0.05), SendFetch(5, 3)]
+    pauses = [f.on_fetch_failed(t)[0].until - t for t in (5.0, 6.0, 7.0, 8.0, 9.0, 10.0)]
+    assert pauses == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    f.on_replicate(3, 4, [(5, 1)], 11.0)
+    assert f.on_fetch_failed(12.0) == [Pause(12.0 + 0.05), SendFetch(6, 3)]
+
+
+def test_a_not_the_leader_yet_reply_is_asked_again_promptly_after_a_new_leader():
+    """Each "not the leader of this epoch (yet)" reply is a failed request: a machine of a new
+    leader or epoch starts again from the short pauses, whatever its predecessor had come to."""
+    f = fetching(leo=5)
+    for t in range(1, 10):
+        f.on_fetch_failed(float(t))
+    after_election = fetching(leo=5, epoch=4)
+    assert after_election.on_fetch_failed(1.0) == [Pause(1.0 + 0.05), SendFetch(5, 4)]
+    assert after_election.on_fetch_failed(1.1) == [Pause(1.1 + 0.1), SendFetch(5, 4)]
+
+
+def test_a_pause_ends_when_the_silent_leader_is_due_to_be_reported():
+    f = fetching(leo=5)  # last contact at 0.0: reported after 15.0
+    for _ in range(10):
+        actions = f.on_fetch_failed(14.7)
+    assert actions == [Pause(15.0), SendFetch(5, 3)]  # not 15.7
+    assert f.on_fetch_failed(15.01) == [ReportLeader("L", 3), Pause(15.01 + 1.0), SendFetch(5, 3)]
+    for _ in range(10):
+        actions = f.on_fetch_failed(29.5)
+    assert actions == [Pause(15.01 + 15.0), SendFetch(5, 3)]  # the next report's due time
 
 
 def test_responses_of_another_epoch_are_not_contact():

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+from nats.errors import NoRespondersError
 
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
@@ -125,3 +126,49 @@ async def test_a_follower_cut_off_reports_the_leader_and_catches_up_after_heal(t
         assert pair.follower.log.next_offset == 20 and pair.leader.high_watermark == 19
         bus.heal()
         await until(pair.in_sync, 2.0, "the follower to catch up after heal", pair)
+
+
+class DeadLeaderNode:
+    """A follower node's transport to a nats-server where its leader's node is gone: each request
+    fails at once (NoRespondersError), as nats-py's does; when each was made is kept."""
+
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.requests: list[float] = []
+
+    async def request(self, subject: str, payload: bytes, timeout: float):
+        self.requests.append(time.monotonic())
+        raise NoRespondersError
+
+
+async def test_a_follower_of_a_dead_leader_node_asks_less_and_less_often_and_reports_it_on_time(tmp_path) -> None:
+    """Failed requests pause 50 ms, then twice as long each time up to a quarter of the leader
+    timeout (0.5 s here), not 50 ms each (40 requests a second's leader timeout): the report still
+    comes a leader timeout after the loop started."""
+    settings = FollowerSettings(fetch_timeout=0.5, leader_timeout=2.0, max_idle_wait=0.5)
+    nc = DeadLeaderNode()
+    follower = PartitionReplica("s", 0, CommitLog.open(tmp_path / "follower"), SyncPolicy(), time.monotonic)
+    follower.become_follower("L", 1)
+    reports: list[float] = []
+
+    async def report(_replica: PartitionReplica, leader_id: str, leader_epoch: int) -> None:
+        reports.append(time.monotonic())
+
+    started = time.monotonic()
+    loop = FollowerLoop(nc, Subjects("bus"), follower, "F", settings, report)  # type: ignore[arg-type]
+    loop.start()
+    try:
+        while not reports:
+            assert time.monotonic() - started < 4.0, f"no report after {len(nc.requests)} requests"
+            await asyncio.sleep(0.01)
+        assert 2.0 <= reports[0] - started < 2.5
+        # 0.05, 0.1, 0.2, 0.4, then 0.5 s apart: 8 by the report.
+        assert 5 <= len(nc.requests) <= 10
+        assert nc.requests[1] - nc.requests[0] < 0.2  # the first retry is prompt
+        before = len(nc.requests)
+        await asyncio.sleep(1.0)
+        assert len(nc.requests) - before <= 3
+    finally:
+        await loop.stop()
+        follower.close()

@@ -29,8 +29,6 @@ from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-# After a failed request the machine asks again at once; pause so a missing leader is not flooded.
-RETRY_PAUSE = 0.05
 # After the loop itself failed (a bug, a disk error): a pause before it starts again from the log.
 RESTART_PAUSE = 1.0
 # An entry sent in pieces is gathered in memory: no entry the API or NATS accepts comes near this.
@@ -166,7 +164,9 @@ class FollowerLoop:
             return await self._fetch(follower, action)
         if isinstance(action, machine.SendEpochQuery):
             return await self._ask_epoch(follower, action.epoch)
-        if isinstance(action, machine.Truncate):
+        if isinstance(action, machine.Pause):
+            await asyncio.sleep(max(0.0, action.until - replica.clock()))
+        elif isinstance(action, machine.Truncate):
             if action.below_high_watermark:
                 log.warning("%s/%s truncating below its HW to %d", replica.stream, replica.partition, action.end_offset)
             replica.truncate(action.end_offset)
@@ -237,11 +237,9 @@ class FollowerLoop:
                 )
         except (TimeoutError, NatsError, MuxFailed) as exc:
             log.debug("request to %s failed: %r", subject, exc)
-            await asyncio.sleep(RETRY_PAUSE)
             return None
         if reply == envelope.NOT_LEADER_REPLY:
             log.debug("%s: not the leader of this epoch (yet); asking again", subject)
-            await asyncio.sleep(RETRY_PAUSE)
             return None
         return reply
 
@@ -280,7 +278,6 @@ class FollowerLoop:
                 # Nothing usable: not an answer. Taken as one (an empty, caught-up reply) it would
                 # idle this follower forever below a damaged entry; as a failure, a leader that
                 # keeps sending it is reported and replaced.
-                await asyncio.sleep(RETRY_PAUSE)
                 return follower.on_fetch_failed(replica.clock())
         if response.leader_epoch == self.leader_epoch:
             self._withdraw_reports()

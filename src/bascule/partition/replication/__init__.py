@@ -63,8 +63,9 @@ Modules and their API
       ``on_fetch_failed(now)``, ``on_notify(now)``, ``tick(now)``; ``next_deadline() -> float``.
     - actions: ``SendEpochQuery(epoch)``, ``Truncate(end_offset, below_high_watermark)``,
       ``SendFetch(offset, leader_epoch, leader_time)``, ``Append(first_offset, count, epoch_starts)``,
-      ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``ReportLeader(leader_id, leader_epoch)``.
-      The shell applies Truncate/Append/SetHighWatermark to the real log in order.
+      ``SetHighWatermark(hw)``, ``WaitForData(until)``, ``Pause(until)`` (before a failed request
+      is asked again: ``retry_pause(failures, leader_timeout)``), ``ReportLeader(leader_id,
+      leader_epoch)``. The shell applies Truncate/Append/SetHighWatermark to the real log in order.
 
 ``leader`` (``Leader``: one object per replica, across its leaderships; ``Leadership``: one per
 leadership)

@@ -48,6 +48,13 @@ next event:
     should hand the follower every reply it gets for a request until its timeout: a valid reply
     is taken even while IDLE.
 
+Failed requests: an epoch query or fetch that fails (no reply, no responder, "not the leader of
+this epoch", a reply that cannot be read) is asked again after :class:`Pause`, which doubles with
+each failure in a row (:func:`retry_pause`): the first retries stay short, for a leader elected a
+moment ago, and the followers of a dead node do not flood the cluster. Any answer of the leader
+resets it; so does a new leader or epoch (a new machine). A pause never runs past the time a silent
+leader is due to be reported: the failure of the request it holds back reports it on time.
+
 Leader timeout: when nothing valid came from the leader for more than ``leader_timeout``, the
 follower emits :class:`ReportLeader` (to the metadata leader), then again at most once per
 ``leader_timeout``. ``max_idle_wait`` must be shorter than ``leader_timeout`` so that an idle
@@ -68,6 +75,19 @@ from dataclasses import dataclass
 from bascule.partition.log.epochs import EpochHistory
 
 from .hw import clamp_high_watermark, follower_high_watermark
+
+# The pause after a first failed request, doubled after each further one up to the cap: a quarter of
+# the leader timeout, at most MAX_RETRY_PAUSE, so that a leader that answers again (or a new one) is
+# asked well within a leader timeout.
+FIRST_RETRY_PAUSE = 0.05
+MAX_RETRY_PAUSE = 1.0
+
+
+def retry_pause(failures: int, leader_timeout: float) -> float:
+    """The pause before asking again after ``failures`` (>= 1) failed requests in a row."""
+    cap = min(MAX_RETRY_PAUSE, leader_timeout / 4)
+    # 2 ** 30 first pauses are past any cap; a bounded exponent keeps a long outage's count finite.
+    return min(cap, FIRST_RETRY_PAUSE * 2.0 ** min(failures - 1, 30))
 
 
 class FollowerState(enum.Enum):
@@ -153,6 +173,14 @@ class WaitForData:
 
 
 @dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait until ``until`` before the next action (a failed request asked again); a notification
+    does not end it."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
 class ReportLeader:
     """Tell the metadata leader that ``leader_id`` (in ``leader_epoch``) looks dead."""
 
@@ -160,7 +188,10 @@ class ReportLeader:
     leader_epoch: int
 
 
-Action = SendEpochQuery | Truncate | RestartLog | SendFetch | Append | SetHighWatermark | WaitForData | ReportLeader
+Action = (
+    SendEpochQuery | Truncate | RestartLog | SendFetch | Append | SetHighWatermark | WaitForData | Pause
+    | ReportLeader
+)
 
 
 class Follower:
@@ -192,6 +223,7 @@ class Follower:
         self._idle_until: float | None = None
         self._last_contact = now
         self._last_report: float | None = None
+        self._failures = 0  # failed requests since the leader last answered: how long the next pause is
         # The leader's clock reading in the newest response that counted as contact: echoed in
         # every fetch, it tells the leader how long this follower cannot report it (its lease).
         self._leader_time = 0.0
@@ -214,7 +246,7 @@ class Follower:
         asked = self._asked_epoch
         if self.state is not FollowerState.TRUNCATING or asked is None:
             return []
-        self._last_contact = now
+        self._heard(now)
         if end_offset < 0 or epoch < 0:
             return self._finish_truncation(self.log_start_offset)
         if epoch > asked:  # not an answer to this question: ask again
@@ -234,10 +266,10 @@ class Follower:
         return actions
 
     def on_epoch_query_failed(self, now: float) -> list[Action]:
-        """The epoch query timed out or failed: ask again (and maybe report the leader)."""
+        """The epoch query timed out or failed: ask again after a pause (and maybe report the leader)."""
         if self.state is not FollowerState.TRUNCATING or self._asked_epoch is None:
             return []
-        return self._check_leader(now) + [SendEpochQuery(self._asked_epoch)]
+        return self._after_failure(now, SendEpochQuery(self._asked_epoch))
 
     def on_replicate(
         self,
@@ -288,10 +320,10 @@ class Follower:
         return actions
 
     def on_fetch_failed(self, now: float) -> list[Action]:
-        """The replication request timed out or failed: fetch again (and maybe report)."""
+        """The replication request timed out or failed: fetch again after a pause (and maybe report)."""
         if self.state is not FollowerState.FETCHING:
             return []
-        return self._check_leader(now) + [self._fetch()]
+        return self._after_failure(now, self._fetch())
 
     def on_parked_contact(self, heard_at: float, leader_time: float) -> None:
         """While parked (IDLE), a fetch session's round carrying this partition was answered at
@@ -316,9 +348,7 @@ class Follower:
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has something to do at the latest."""
-        deadline = self._last_contact + self.config.leader_timeout
-        if self._last_report is not None:
-            deadline = max(deadline, self._last_report + self.config.leader_timeout)
+        deadline = self._report_due()
         if self.state is FollowerState.IDLE and self._idle_until is not None:
             deadline = min(deadline, self._idle_until)
         return deadline
@@ -343,9 +373,18 @@ class Follower:
             actions.append(SetHighWatermark(new_hw))
         return actions
 
-    def _heard(self, now: float, leader_time: float) -> None:
+    def _heard(self, now: float, leader_time: float = 0.0) -> None:
         self._last_contact = now
         self._leader_time = max(self._leader_time, leader_time)
+        self._failures = 0
+
+    def _after_failure(self, now: float, request: SendEpochQuery | SendFetch) -> list[Action]:
+        """Report a silent leader, then ask again after a pause that grows with each failure in a
+        row, and ends by the next report's due time (the request's failure then reports on time)."""
+        self._failures += 1
+        actions = self._check_leader(now)
+        pause = retry_pause(self._failures, self.config.leader_timeout)
+        return actions + [Pause(min(now + pause, self._report_due())), request]
 
     def _fetch(self) -> SendFetch:
         self.state = FollowerState.FETCHING
@@ -384,6 +423,13 @@ class Follower:
                 latest = epoch
             expected = offset + 1
         return starts
+
+    def _report_due(self) -> float:
+        """When a silent leader is reported (again) at the earliest."""
+        due = self._last_contact + self.config.leader_timeout
+        if self._last_report is not None:
+            due = max(due, self._last_report + self.config.leader_timeout)
+        return due
 
     def _check_leader(self, now: float) -> list[Action]:
         timeout = self.config.leader_timeout
