@@ -2,7 +2,7 @@
 NATS connection) with each partition's LeaderEndpoint and its MuxEndpoint, and a follower node ("F")
 whose FollowerLoops fetch through one FetchMux to L. Followers woken in one turn (as a node's
 notifications wake them) fetch in one request; a leader node of an earlier version, which serves no
-multiplexed fetches, gets single ones."""
+multiplexed fetches, gets single ones, and a dead one does not."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class Pair:
     followers: list[PartitionReplica]
     loops: list[FollowerLoop]
     mux: FetchMux
+    leader_nc: SealedNats
     requests: Counter = field(default_factory=Counter)  # replicate subject -> single fetches seen on NATS
 
     @property
@@ -70,7 +71,7 @@ async def node_pair(tmp_path, serve_mux: bool = True) -> AsyncIterator[Pair]:
         spy = await nats.connect(server.url)
         closing += [spy.close, follower_nc.client.close, leader_nc.client.close]
         mux = FetchMux(follower_nc, SUBJECTS, "F", "L", lambda work, name: asyncio.ensure_future(work), time.monotonic)
-        pair = Pair([], [], [], mux)
+        pair = Pair([], [], [], mux, leader_nc)
 
         async def count(msg) -> None:
             pair.requests[msg.subject] += 1
@@ -144,3 +145,18 @@ async def test_a_leader_node_without_multiplexed_fetches_is_fetched_from_one_par
         await until(lambda: pair.caught_up(1), 10, "the write on every follower")
         assert pair.mux.requests_sent == 1  # tried once; single fetches since
         assert pair.single_fetches >= 2 * PARTITIONS  # the data, then the HW
+
+
+async def test_followers_of_a_dead_leader_node_keep_fetching_multiplexed(tmp_path) -> None:
+    """A leader node gone (its connection closed, as by a SIGKILL) has no responder for the multiplexed
+    subject either: one fetch goes singly to tell it from an earlier version, gets no answer (the spy
+    on the partitions' subjects stays their silent responder: it times out), and the fetches fail and
+    go multiplexed again, not one request each for a fallback period."""
+    async with node_pair(tmp_path) as pair:
+        await pair.leader_nc.client.close()
+        singles, sent = pair.single_fetches, pair.mux.requests_sent
+        pair.wake_all()
+        await asyncio.sleep(3.5)
+        multiplexed = pair.mux.requests_sent - sent
+        assert multiplexed >= 2  # tried again, each time the loops asked again
+        assert pair.single_fetches - singles <= multiplexed  # a probe each

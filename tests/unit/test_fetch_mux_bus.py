@@ -1,7 +1,7 @@
 """Multiplexed fetches (bascule.partition.fetchmux) between real leader replicas and a follower node, on
 the in-memory bus: fetches of one turn go as one request and each gets the reply its partition's
 subject would give; replies share one message and those without room go again; a leader node
-that serves none gets single requests."""
+that serves none gets single requests, one that is gone does not."""
 
 from __future__ import annotations
 
@@ -194,6 +194,62 @@ async def test_a_leader_node_without_multiplexed_fetches_gets_single_ones_for_a_
         now[0] += FALLBACK_PERIOD
         assert values(await fetch(mux, 0)) == [b"zero"]
         assert mux.requests_sent == 2  # tried again
+    finally:
+        leader.close()
+
+
+class Restarting:
+    """The follower's transport to a nats-server while node L is gone (dead, restarting): nothing takes
+    its subjects, and each request fails at once; once it is ``back``, requests go over the bus."""
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        self.max_payload = transport.max_payload
+        self.back = False
+        self.subjects: list[str] = []  # of the requests made while L was gone
+
+    async def request(self, subject: str, payload: bytes, timeout: float):
+        if self.back:
+            return await self.transport.request(subject, payload, timeout)
+        self.subjects.append(subject)
+        raise NoRespondersError
+
+
+async def test_a_leader_node_gone_fails_the_fetches_and_is_fetched_multiplexed_once_back(tmp_path):
+    bus = MemoryBus(seed=1)
+    leader = Leader(tmp_path, bus, 2)
+    await leader.start()
+    leader.write(0, b"zero")
+    transport = Restarting(bus.node("F"))
+    mux = follower_mux(transport, clock=lambda: 100.0)  # no fallback period could end
+    try:
+        for _ in range(2):
+            outcomes = await asyncio.gather(fetch(mux, 0), fetch(mux, 1), return_exceptions=True)
+            assert all(isinstance(outcome, NoRespondersError) for outcome in outcomes)
+        # Each time the multiplexed request, then one fetch singly to tell a dead node from an earlier version.
+        assert transport.subjects == [SUBJECTS.fetch_mux("L"), SUBJECTS.replicate("s", 0)] * 2
+        transport.back = True
+        assert values(await fetch(mux, 0)) == [b"zero"]
+        assert mux.requests_sent == 3
+    finally:
+        leader.close()
+
+
+async def test_a_not_the_leader_answer_to_the_single_fetch_keeps_the_multiplexed_path(tmp_path):
+    """An answer of another epoch's endpoint tells nothing of the node asked: another leader's, or a
+    leadership handed over."""
+    bus = MemoryBus(seed=1)
+    leader = Leader(tmp_path, bus, 2, serve_mux=False)
+    await leader.start()
+    mux = follower_mux(NoResponders(bus.node("F")), clock=lambda: 100.0)
+    stale = fetch_request(epoch=7)
+    try:
+        outcomes = await asyncio.gather(
+            *(mux.request("s", p, SUBJECTS.replicate("s", p), stale, 2.0) for p in range(2)), return_exceptions=True
+        )
+        assert outcomes[0] == envelope.NOT_LEADER_REPLY and isinstance(outcomes[1], NoRespondersError)
+        assert await mux.request("s", 1, SUBJECTS.replicate("s", 1), stale, 2.0) == envelope.NOT_LEADER_REPLY
+        assert mux.requests_sent == 2  # multiplexed again
     finally:
         leader.close()
 

@@ -10,8 +10,10 @@ keeps one: the fetches made meanwhile go together once it is answered. Partition
 instead of one each; a leader serves an answer's items in order within one message, and those left
 without room go in the next request.
 
-A leader node that does not serve multiplexed fetches (an earlier version: no responder) gets
-single requests from this follower node for ``FALLBACK_PERIOD``, then is tried again.
+A leader node with no responder for multiplexed fetches runs an earlier version, or is gone (dead,
+restarting): one of the fetches sent singly tells which. One that answers it (an earlier version) gets
+single requests from this follower node for ``FALLBACK_PERIOD``, then is tried again; to one that does
+not, the fetches fail and the next go multiplexed, a request for all of its followers' fetches.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from nats.errors import NoRespondersError
 from bascule.natsio.transport import Transport, TransportMessage
 from bascule.partition.leader import RESPONSE_OVERHEAD, LeaderEndpoint, NoRoom
 from bascule.wire import fetchmux
-from bascule.wire.envelope import EnvelopeError
+from bascule.wire.envelope import NOT_LEADER_REPLY, EnvelopeError
 from bascule.wire.fetchmux import Code, MuxItem
 from bascule.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-# How long a follower node sends single fetches to a leader node that had no responder for its
-# multiplexed ones: long beside a fetch, short beside an upgrade.
+# How long a follower node sends single fetches to a leader node that answers them but had no responder
+# for its multiplexed ones: long beside a fetch, short beside an upgrade.
 FALLBACK_PERIOD = 5.0
 # A reply is served only with this much room left in an answer: a smaller one would hold next to
 # nothing, or cut an entry into pieces that would fit whole in the next request.
@@ -121,14 +123,32 @@ class FetchMux:
         try:
             reply = await self.nc.request(self.subject, request, timeout)
         except NoRespondersError:
-            log.info("%s serves no multiplexed fetches: single ones for %.0f s", self.leader, FALLBACK_PERIOD)
-            self._single_until = self.clock() + FALLBACK_PERIOD
-            self._singly(chunk)
+            await self._probe(chunk)
             return
         except Exception as exc:  # the transport's: each item failed as its own request would have
             _fail(chunk, exc)
             return
         self._settle(chunk, reply)
+
+    async def _probe(self, chunk: list[_Waiting]) -> None:
+        """No responder for the multiplexed subject: the chunk's first fetch goes singly. An answer
+        other than "not the leader" comes only from the leader of the epoch it names, this node: an
+        earlier version, whose fetches then go singly. Without one the node is gone (or handing its
+        leadership over): the fetches fail, and the next are multiplexed again, not sent one by one
+        to a dead node by each of its followers."""
+        probe, others = chunk[0], chunk[1:]
+        try:
+            reply = (await self.nc.request(probe.subject, probe.item.request, probe.timeout)).data
+        except Exception as exc:  # the transport's: each fetch failed as its own request would have
+            _fail(chunk, exc)
+            return
+        _answer(probe, reply)
+        if reply == NOT_LEADER_REPLY:
+            _fail(others, NoRespondersError())
+            return
+        log.info("%s serves no multiplexed fetches: single ones for %.0f s", self.leader, FALLBACK_PERIOD)
+        self._single_until = self.clock() + FALLBACK_PERIOD
+        self._singly(others)
 
     def _singly(self, entries: list[_Waiting]) -> None:
         for entry in entries:
