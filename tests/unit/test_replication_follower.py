@@ -406,10 +406,12 @@ def test_a_pause_ends_when_the_silent_leader_is_due_to_be_reported():
     for _ in range(10):
         actions = f.on_fetch_failed(14.7)
     assert actions == [Pause(15.0), SendFetch(5, 3)]  # not 15.7
-    assert f.on_fetch_failed(15.01) == [ReportLeader("L", 3), Pause(15.01 + 1.0), SendFetch(5, 3)]
+    # A failure at that very instant is not past it: no report yet, and a first pause, not none.
+    assert f.on_fetch_failed(15.0) == [Pause(15.0 + 0.05), SendFetch(5, 3)]
+    assert f.on_fetch_failed(15.05) == [ReportLeader("L", 3), Pause(15.05 + 1.0), SendFetch(5, 3)]
     for _ in range(10):
         actions = f.on_fetch_failed(29.5)
-    assert actions == [Pause(15.01 + 15.0), SendFetch(5, 3)]  # the next report's due time
+    assert actions == [Pause(15.05 + 15.0), SendFetch(5, 3)]  # the next report's due time
 
 
 def test_responses_of_another_epoch_are_not_contact():

@@ -53,7 +53,8 @@ this epoch", a reply that cannot be read) is asked again after :class:`Pause`, w
 each failure in a row (:func:`retry_pause`): the first retries stay short, for a leader elected a
 moment ago, and the followers of a dead node do not flood the cluster. Any answer of the leader
 resets it; so does a new leader or epoch (a new machine). A pause never runs past the time a silent
-leader is due to be reported: the failure of the request it holds back reports it on time.
+leader is due to be reported (unless it is a first pause): the failure of the request it holds back
+reports it on time.
 
 Leader timeout: when nothing valid came from the leader for more than ``leader_timeout``, the
 follower emits :class:`ReportLeader` (to the metadata leader), then again at most once per
@@ -383,8 +384,11 @@ class Follower:
         row, and ends by the next report's due time (the request's failure then reports on time)."""
         self._failures += 1
         actions = self._check_leader(now)
-        pause = retry_pause(self._failures, self.config.leader_timeout)
-        return actions + [Pause(min(now + pause, self._report_due())), request]
+        timeout = self.config.leader_timeout
+        # Never cut below a first pause: a failure at the due instant itself (not yet past it) would
+        # otherwise be asked again at once, and on virtual time at that same instant, forever.
+        due = max(self._report_due(), now + retry_pause(1, timeout))
+        return actions + [Pause(min(now + retry_pause(self._failures, timeout), due)), request]
 
     def _fetch(self) -> SendFetch:
         self.state = FollowerState.FETCHING
