@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 # (label, modules imported by the step): "defer P.S" is the server's deferral of P's submodule S, and
-# "dataclass code" its dataclasses' kept code (bascule.cli._import_server does both). cryptography is
+# "dataclass code" its dataclasses' kept code (bascule.cli.import_server does both). cryptography is
 # not among them: a node loads it only for a Raft connection or an encrypted stream (6.7 MiB).
 STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CPython 3.11 with this script's own imports (subprocess...)", ()),

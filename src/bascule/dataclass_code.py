@@ -113,13 +113,9 @@ def save(path: Path, codes: dict[bytes, types.CodeType]) -> None:
 
 def main() -> None:
     """Writes the file for what `bascule server` imports (``make bytecode``)."""
-    install()
-    from bascule.deferred_imports import defer_submodules
+    from bascule.cli import import_server
 
-    defer_submodules()
-    import bascule.server  # noqa: F401
-
-    finish(write=True)
+    import_server(write_code=True)
 
 
 if __name__ == "__main__":

@@ -250,13 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["server"]:
-        _import_server()
+        import_server()
         from bascule.config.loading import go_style_flags
 
         argv = ["server", *go_style_flags(argv[1:])]
     args = build_parser().parse_args(argv)
     if args.command == "server":
-        _import_server()
+        import_server()
         from bascule.server import run_from_args
 
         return run_from_args(args)
@@ -265,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def _import_server() -> None:
-    """The server's modules, imported with their dataclasses' code kept (``dataclass_code``) and
-    nats-py's JetStream API deferred (``deferred_imports``)."""
+def import_server(write_code: bool | None = None) -> None:
+    """The server's modules, imported with their dataclasses' code kept (``dataclass_code``; the
+    file written as ``dataclass_code.finish``'s ``write`` says) and nats-py's JetStream API
+    deferred (``deferred_imports``)."""
     if "bascule.server" in sys.modules:
         return
     from bascule import dataclass_code
@@ -277,4 +278,4 @@ def _import_server() -> None:
     defer_submodules()
     import bascule.server  # noqa: F401
 
-    dataclass_code.finish()
+    dataclass_code.finish(write=write_code)
