@@ -12,6 +12,7 @@ import nats
 import pytest
 from conftest import rot_entry
 
+from bascule.natsio.flush import flush
 from bascule.natsio.sealed import SealedNats
 from bascule.partition.follower import FollowerLoop, FollowerSettings
 from bascule.partition.leader import LeaderEndpoint
@@ -366,7 +367,7 @@ async def test_a_stranger_answering_every_request_first_does_not_stop_the_sealed
             with pytest.raises(nats.errors.NoRespondersError):
                 await internal.request(subject, b"anyone?", timeout=2)
             await stranger_nc.subscribe(subject, cb=stranger)
-            await stranger_nc.flush()
+            await flush(stranger_nc)  # nats-py's own flush can PONG before the SUB reaches the server
             with pytest.raises(TimeoutError):
                 await internal.request(subject, b"only the stranger", timeout=0.3)
             await internal.subscribe(subject, cb=member)
