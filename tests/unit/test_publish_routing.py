@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bascule.api.publish import PublishRPCs
+from bascule.api.publish import PublishRPCs, _AsyncCall
 from bascule.api.status import PublishError
 from bascule.config import Config
 from bascule.h2grpc import Status
@@ -173,3 +173,74 @@ async def test_a_deleted_stream_is_not_found_as_before():
     with pytest.raises(PublishError) as refused:
         await rpcs_of(node).publish(request(), wait=True)
     assert refused.value.status == Status.NOT_FOUND
+
+
+# ---- PublishAsync: a refusal from metadata this node has not caught up on ----------------------------
+
+
+def readonly(state: MetadataState, value: bool) -> MetadataState:
+    return apply(state, "set_readonly", name="s", partitions=[0], readonly=value, at=1)
+
+
+class LaggingNode(Node):
+    """Node "a", following the partition led by "b": its metadata lags the metadata leader's
+    (``leader_state``) until it catches up."""
+
+    def __init__(self, state: MetadataState) -> None:
+        super().__init__(state)
+        self.leader_state = state
+        self.catch_ups = 0
+
+    async def catch_up(self) -> None:
+        self.catch_ups += 1
+        await asyncio.sleep(0)
+        self.set_state(self.leader_state)
+
+
+def async_call(node: Node) -> _AsyncCall:
+    return _AsyncCall(rpcs_of(node), context=None)
+
+
+def answers(call: _AsyncCall) -> list[str]:
+    """The call's responses so far: "ack" or the refusal's message, in order."""
+    found = []
+    for framed in call.ready:
+        response = api_pb2.PublishResponse.FromString(framed[5:])
+        found.append(response.asyncError.message or "ack")
+    call.ready.clear()
+    return found
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_publish_after_the_partition_was_made_writable_again_is_taken_though_one_was_refused_before():
+    """lbtool's ro.publish_after_unset on three nodes: a call's publish was refused while the
+    partition was readonly (the node caught up, and refused it rightly); the partition was made
+    writable again through another node, whose answer came back before the next publish was sent;
+    this node had not yet applied that change. Refused at once as caught up before, the publish is
+    now refused only after a catch-up that asked after it came."""
+    node = LaggingNode(readonly(one_partition_led_by("b"), True))
+    call = async_call(node)
+    call.take([(request(), None)])
+    await settle()
+    assert answers(call) == ["Partition is readonly"] and node.catch_ups == 1
+
+    node.leader_state = readonly(node.state, False)  # applied by the metadata leader, not yet here
+    call.take([(request(), None)])
+    await settle()
+    assert answers(call) == ["ack"] and node.catch_ups == 2
+    assert [leader for leader, _ in node.forwarded] == ["b"]
+
+
+async def test_publishes_held_for_one_catch_up_are_refused_after_it_without_another():
+    """Requests that come while a catch-up is on its way wait for it; those it answers for (held
+    when it asked) are refused on its outcome, and only a later one asks again: a flood of publishes
+    to a readonly partition costs a catch-up per round trip, not one per publish."""
+    node = LaggingNode(readonly(one_partition_led_by("b"), True))
+    call = async_call(node)
+    call.take([(request(), None), (request(), None), (request(), None)])
+    await settle()
+    assert answers(call) == ["Partition is readonly"] * 3 and node.catch_ups == 1

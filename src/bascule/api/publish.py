@@ -409,7 +409,9 @@ class _AsyncCall:
         self.inbox = rpcs.publishing.new_ack_inbox()  # what its acks name, as Liftbridge's session inbox
         self.burst = _Burst(rpcs.publishing, self.respond, self.publish, self.inbox)
         self.resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
-        self.caught_up_at = -1  # the metadata version this call last caught up to (at most once a version)
+        # While requests held back for a catch-up are taken again: the catch-up asked after they came,
+        # so a refusal of theirs stands (one that came later waits for a catch-up of its own).
+        self.caught_up_for_them = False
         self.slow: set[asyncio.Task[None]] = set()
 
     def respond(self, framed: bytes, answered: int) -> None:
@@ -465,7 +467,7 @@ class _AsyncCall:
                     lane = rpcs._lane(*key)
                     run = self._run_of(lane)
             except PublishError as error:
-                stale = error.async_code in MAYBE_STALE and self.caught_up_at < rpcs.cluster.state.version
+                stale = error.async_code in MAYBE_STALE and not self.caught_up_for_them
                 if refusal is None and stale:
                     resuming[key] = [request if message_id is None else _with_id(request, message_id)]
                     self._spawn(self._catch_up_then_take(key))
@@ -566,15 +568,26 @@ class _AsyncCall:
 
     async def _catch_up_then_take(self, key: tuple[str, int]) -> None:
         """Route the requests held back for a partition this node refused from its metadata,
-        once that metadata has caught up with the metadata leader's, in the order they came."""
+        once that metadata has caught up with the metadata leader's, in the order they came.
+        The catch-up answers for the requests held when it asks: the metadata leader may have
+        applied a change (the partition made writable again) and told its client so before it
+        was asked, never after. Those held later are taken again as they came, and a refusal of
+        theirs asks again: refused from a version this call caught up to before, a publish sent
+        after ``SetStreamReadonly(false)`` returned was refused (lbtool's ro.publish_after_unset)."""
+        covered = len(self.resuming[key])
         try:
             await self.rpcs.catch_up()
         except asyncio.CancelledError:  # the call ended
             self.resuming.pop(key)
             raise
-        self.caught_up_at = self.rpcs.cluster.state.version
+        held = [(request, None) for request in self.resuming.pop(key)]
         # No await in between: requests read later come after these.
-        self.take([(request, None) for request in self.resuming.pop(key)])
+        self.caught_up_for_them = True
+        try:
+            self.take(held[:covered])
+        finally:
+            self.caught_up_for_them = False
+        self.take(held[covered:])
 
     async def _resume_then_publish(self, first: api_pb2.PublishRequest) -> None:
         """Resume a paused partition, then publish the requests held back for it meanwhile, in the
