@@ -12,8 +12,6 @@ import argparse
 import sys
 from typing import Any
 
-from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
-
 EXIT_ERROR = 1  # the server refused or failed the request, or did not answer in time
 EXIT_USAGE = 2  # argparse's own status for bad flags
 EXIT_UNREACHABLE = 3
@@ -143,6 +141,7 @@ def _target_partitions(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from bascule.config import VersionAction, add_server_arguments
+    from bascule.wire.policies import ACK_POLICIES, START_POSITIONS
 
     parser = argparse.ArgumentParser(
         prog="bascule", description="Durable, replicated streams on NATS", epilog=EPILOG,
