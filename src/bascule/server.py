@@ -188,12 +188,15 @@ def grpc_limits_for_open_files(limits: GrpcLimits) -> GrpcLimits:
     return dataclasses.replace(limits, max_connections=open_files // 2)
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config, overrides_from_args(args))
-    except ConfigError as exc:
-        print(f"bascule server: {exc}", file=sys.stderr)
-        return 2
+def run_from_args(args: argparse.Namespace, config: Config | None = None) -> int:
+    """``bascule server`` with ``args``; ``config``, when given, is what they and the environment
+    configure (read already)."""
+    if config is None:
+        try:
+            config = load_config(args.config, overrides_from_args(args))
+        except ConfigError as exc:
+            print(f"bascule server: {exc}", file=sys.stderr)
+            return 2
     logs.configure(config.logging)
     tune_garbage_collector()
     raise_open_files_limit()

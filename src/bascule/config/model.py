@@ -166,6 +166,14 @@ class Config:
         return join_host_port(self.listen_host, self.port)
 
     @property
+    def asks_for_tls(self) -> bool:
+        """Whether any setting asks for TLS: on the gRPC API's listener (any tls.* file) or to NATS (a
+        tls:// server, any nats.tls.* setting). `bascule server` imports ssl at start only then."""
+        tls, auth = self.tls, self.nats.auth
+        return bool(tls.cert or tls.key or tls.client_auth_ca or auth.wants_tls or auth.tls_key
+                    or any(url.lower().startswith("tls://") for url in self.nats.servers))
+
+    @property
     def advertised_host(self) -> str:
         if self.host:
             return self.host
