@@ -3,8 +3,10 @@ of one fresh interpreter after each step of the server's imports, in the order t
 library its own share, then the server's mappings by file (shared libraries are counted in RSS
 although other processes share their pages).
 
-Each step's figure is what it adds to the steps before it: `importlib.metadata` is charged to the
-step that first imports it (crc32c and nats-py both read their versions with it at import).
+Each step's figure is what it adds to the steps before it. The steps import as `bascule server` does
+(bascule.cli.prepare_server_imports and import_server) for a configuration without TLS: ssl is left to
+its first use (asyncio is imported without it, every other module finds a placeholder), and crc32c and
+nats-py read their versions without importlib.metadata (a stand-in gives them installed_version).
 
 Usage: .venv/bin/python benchmarks/memory_floor.py
 """
@@ -17,19 +19,21 @@ import os
 import subprocess
 import sys
 
-# (label, modules imported by the step): "defer P.S" is the server's deferral of P's submodule S, and
-# "dataclass code" its dataclasses' kept code (bascule.cli.import_server does both). cryptography is
-# not among them: a node loads it only for a Raft connection or an encrypted stream (6.7 MiB).
+# (label, modules imported by the step): "defer ssl" is the server's deferral of ssl (asyncio imported
+# for it), "defer P.S" its deferral of P's submodule S, "stand-ins" its stand-in for importlib.metadata
+# (until "withdraw stand-ins"), and "dataclass code" its dataclasses' kept code (bascule.cli's
+# prepare_server_imports does them all). cryptography is not among them: a node loads it only for a Raft
+# connection or an encrypted stream (6.7 MiB); nor is ssl: a node loads it only for TLS (4.4 MiB).
 STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CPython 3.11 with this script's own imports (subprocess...)", ()),
-    ("asyncio (with ssl: OpenSSL initialised)", ("asyncio",)),
+    ("asyncio (ssl deferred: no OpenSSL)", ("defer ssl",)),
     ("protobuf (upb) and the API's descriptors (python_message deferred)",
      ("defer google.protobuf.internal.python_message", "google.protobuf.descriptor_pool", "bascule.wire.pb.api_pb2")),
-    ("importlib.metadata (crc32c's and nats-py's version lookups)", ("importlib.metadata",)),
-    ("crc32c, msgpack", ("crc32c", "msgpack")),
+    ("crc32c, msgpack (versions without importlib.metadata)", ("stand-ins", "crc32c", "msgpack")),
     ("pysyncobj (without cryptography)", ("bascule.metadata",)),
-    ("nats-py (nats.js deferred)", ("defer nats.js", "nats")),
-    ("bascule's modules (the server and everything it imports)", ("dataclass code", "bascule.server")),
+    ("nats-py (nats.js deferred; secrets -> hmac -> libcrypto)", ("defer nats.js", "nats")),
+    ("bascule's modules (the server and everything it imports)",
+     ("dataclass code", "bascule.server", "withdraw stand-ins")),
 )
 
 
@@ -61,13 +65,22 @@ def by_mapping() -> list[tuple[str, int]]:
 def steps() -> None:
     """In the child: prints one line per step."""
     previous = memory_kib()
+    stand_ins = []
     for label, modules in STEPS:
         for module in modules:
-            if module.startswith("defer "):
-                from bascule.deferred_imports import defer_submodules
+            from bascule import deferred_imports  # here, not charged to CPython
 
+            if module == "defer ssl":
+                deferred_imports.defer_ssl()
+            elif module.startswith("defer "):
                 package, _, child = module.removeprefix("defer ").rpartition(".")
-                defer_submodules(((package, child),))
+                deferred_imports.defer_submodules(((package, child),))
+            elif module == "stand-ins":
+                stand_ins.append(deferred_imports.stand_in("importlib.metadata",
+                                                           version=deferred_imports.installed_version))
+            elif module == "withdraw stand-ins":
+                for placeholder in stand_ins:
+                    deferred_imports.withdraw(placeholder)
             elif module == "dataclass code":
                 from bascule import dataclass_code
 
