@@ -580,7 +580,7 @@ class _AsyncCall:
         except asyncio.CancelledError:  # the call ended
             self.resuming.pop(key)
             raise
-        held = [(request, None) for request in self.resuming.pop(key)]
+        held: list[tuple[api_pb2.PublishRequest, bytes | None]] = [(r, None) for r in self.resuming.pop(key)]
         # No await in between: requests read later come after these.
         self.caught_up_for_them = True
         try:
