@@ -4,6 +4,7 @@ import datetime
 import ipaddress
 import os
 import stat
+import time
 
 import pytest
 from cryptography import x509
@@ -13,6 +14,15 @@ from cryptography.x509.oid import NameOID
 
 from bascule.config import load_config
 from bascule.server import run
+
+
+async def until(predicate, timeout: float = 15.0, what: str = "the condition") -> None:
+    """Return once ``predicate()`` holds, polled every few milliseconds; fail the test when it has not
+    within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
 
 
 @pytest.fixture

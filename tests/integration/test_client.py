@@ -5,11 +5,10 @@ and on three processes, a subscription and a publisher that outlive the partitio
 
 import asyncio
 import contextlib
-import time
 
 import pytest
 from cluster_checks import FAST
-from conftest import running_node
+from conftest import running_node, until
 
 from bascule.client import BasculeError, Client, RoundRobin, StreamSettings, partition_by_key
 from bascule.testing.local import LocalCluster
@@ -108,11 +107,6 @@ async def test_consumer_group_members_share_the_partitions_and_follow_the_epoch(
         await first.close()
 
 
-async def until(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.cluster

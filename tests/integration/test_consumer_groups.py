@@ -6,7 +6,7 @@ import time
 
 import grpc
 import pytest
-from conftest import running_node
+from conftest import running_node, until
 
 from bascule.client import Client
 from bascule.wire.pb import api_pb2, api_pb2_grpc
@@ -72,11 +72,6 @@ async def a_newer_reader_displaces_the_older(api, partition, consumer, epoch):
         newer.cancel()
 
 
-async def until(predicate, timeout=10.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_consumer_group_lifecycle_on_one_node(tmp_path):

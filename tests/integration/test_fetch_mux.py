@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import nats
 import pytest
+from conftest import until
 
 from bascule.natsio.sealed import SealedNats
 from bascule.partition.fetchmux import FetchMux, MuxEndpoint
@@ -113,11 +114,6 @@ async def node_pair(tmp_path, serve_mux: bool = True) -> AsyncIterator[Pair]:
         server.stop()
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_followers_woken_together_fetch_in_one_request(tmp_path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import nats
 import pytest
+from conftest import until
 
 from bascule.natsio.sealed import SealedNats
 from bascule.partition.follower import FollowerLoop, FollowerSettings
@@ -118,11 +119,6 @@ async def node_pair(tmp_path) -> AsyncIterator[Pair]:
         server.stop()
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def individual_fetches(pair: Pair) -> int:

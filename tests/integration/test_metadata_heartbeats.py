@@ -10,6 +10,7 @@ import time
 
 import nats
 import pytest
+from conftest import until
 
 from bascule.metadata import heartbeats as heartbeats_module
 from bascule.metadata.heartbeats import CONTACT_TIMEOUT, NatsHeartbeats
@@ -47,11 +48,6 @@ def standing(voter: NatsHeartbeats) -> bool:
     return voter.standing() > time.monotonic()
 
 
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not reached in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_voter_whose_loop_is_held_keeps_its_standing(tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import nats
 import pytest
-from conftest import rot_entry
+from conftest import rot_entry, until
 
 from bascule.natsio.flush import flush
 from bascule.natsio.sealed import SealedNats
@@ -56,11 +56,6 @@ async def leader_and_follower(
     return leader, endpoint, follower_replica
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_failed_follower_loop_is_logged_and_starts_again(tmp_path, caplog) -> None:

@@ -3,10 +3,10 @@ duration, whatever ended it (a loopback server, grpcio's client)."""
 
 import asyncio
 import contextlib
-import time
 
 import grpc
 import pytest
+from conftest import until
 
 from bascule.h2grpc import GrpcServer, Status, service_methods
 from bascule.h2grpc.server import UNKNOWN_METHOD
@@ -56,11 +56,6 @@ async def observed():
         await server.stop(grace=0)
 
 
-async def until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_each_unary_call_is_observed_once_with_its_status_and_duration():

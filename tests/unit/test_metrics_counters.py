@@ -2,12 +2,12 @@
 fsyncs, a replica's ISR changes and followers' fetches, the capture path's drops, and the gRPC
 calls' counts and histograms as exposed."""
 
-import asyncio
 import random
 import threading
 import time
 
 import pytest
+from conftest import until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,11 +31,6 @@ def replica_of(tmp_path, name="p") -> PartitionReplica:
     return PartitionReplica("s", 0, CommitLog.open(tmp_path / name), SyncPolicy(), time.monotonic)
 
 
-async def until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
 
 
 # ---- the fsync histogram ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import rot_entry
+from conftest import rot_entry, until
 
 from bascule.partition.log import CommitLog, LogFailed
 from bascule.partition.replica import NotLeader, PartitionReplica, ReplicaFailed, SyncPolicy
@@ -25,11 +25,6 @@ def leader(tmp_path, sync: SyncPolicy, replicas=("me",)) -> PartitionReplica:
     return replica
 
 
-async def until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("sync", [SyncPolicy(), SyncPolicy(always=True)], ids=["never", "always"])
