@@ -8,10 +8,13 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import io
 import logging
 import resource
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,7 @@ log = logging.getLogger("bascule")
 GC_THRESHOLD = 50_000
 SHUTDOWN_GRACE = 1.0
 HANDOFF_TIMEOUT = 5.0  # seconds a stopping node spends handing its partitions over
+STOP_REPORT_AFTER = 5.0  # seconds the stop after the handoff may take before it logs where it is
 
 
 async def run(
@@ -99,10 +103,41 @@ async def _serve(
         # Before the API closes: writers are told "not leader" and go to the new leaders at once.
         await node.hand_off_leaderships(HANDOFF_TIMEOUT)
     finally:
-        if metrics is not None:
-            await metrics.stop()
-        await server.stop(grace=SHUTDOWN_GRACE)
-        await node.stop()
+        slow_stop = report_a_slow_stop(asyncio.get_running_loop())
+        try:
+            if metrics is not None:
+                await metrics.stop()
+            await server.stop(grace=SHUTDOWN_GRACE)
+            await node.stop()
+        finally:
+            slow_stop.cancel()
+
+
+def report_a_slow_stop(loop: asyncio.AbstractEventLoop, after: float = STOP_REPORT_AFTER) -> threading.Timer:
+    """A timer, to be cancelled once the stop is done, that logs every thread's stack and every
+    task's of ``loop`` should the stop still run after ``after`` seconds: a stop that hangs says
+    where (a node stopped with its NATS and peers once hung past its 10 s, silently). The timer is a
+    thread of its own, so a loop stuck in a call still gets reported."""
+
+    def report() -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        stacks = [f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}"
+                  for ident, frame in sys._current_frames().items()]
+        log.warning("still stopping after %g s; each thread is at:\n%s", after, "\n".join(stacks))
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing of it is left
+            loop.call_soon_threadsafe(_log_tasks, after)
+
+    timer = threading.Timer(after, report)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _log_tasks(after: float) -> None:
+    stacks = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(file=stacks)
+    log.warning("still stopping after %g s; each task is at:\n%s", after, stacks.getvalue())
 
 
 async def _started_unless_stopped(starting: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:

@@ -1,13 +1,17 @@
-"""What the composition root makes of the process's limit of open files (bascule.server)."""
+"""What the composition root makes of the process's limit of open files, and how it reports a stop that
+takes too long (bascule.server)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import resource
 
 import pytest
 
 from bascule import server
 from bascule.h2grpc import GrpcLimits
+from bascule.server import report_a_slow_stop
 
 
 @pytest.fixture
@@ -34,3 +38,37 @@ def test_grpc_connections_are_held_to_half_the_open_files(open_files, caplog):
     assert server.grpc_limits_for_open_files(GrpcLimits(max_connections=100)) == GrpcLimits(max_connections=100)
     assert server.grpc_limits_for_open_files(GrpcLimits(max_connections=4096)).max_connections == 512
     assert "at most 512 gRPC connections" in caplog.text
+
+
+# ---- a stop that hangs says where ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_stop_still_running_after_its_time_logs_every_thread_and_task(caplog):
+    caplog.set_level(logging.WARNING, logger="bascule")
+    loop = asyncio.get_running_loop()
+
+    async def stuck_in_closing() -> None:
+        await asyncio.sleep(10)
+
+    closing = asyncio.create_task(stuck_in_closing())
+    timer = report_a_slow_stop(loop, after=0.05)
+    try:
+        for _ in range(100):
+            if sum("still stopping" in record.getMessage() for record in caplog.records) == 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        timer.cancel()
+        closing.cancel()
+    threads, tasks = [r.getMessage() for r in caplog.records if "still stopping" in r.getMessage()]
+    assert "each thread is at" in threads and "MainThread" in threads
+    assert "each task is at" in tasks and "stuck_in_closing" in tasks
+
+
+@pytest.mark.anyio
+async def test_a_stop_done_in_time_logs_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="bascule")
+    report_a_slow_stop(asyncio.get_running_loop(), after=0.05).cancel()
+    await asyncio.sleep(0.15)
+    assert not [r for r in caplog.records if "still stopping" in r.getMessage()]
