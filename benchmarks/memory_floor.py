@@ -76,8 +76,7 @@ def steps() -> None:
                 package, _, child = module.removeprefix("defer ").rpartition(".")
                 deferred_imports.defer_submodules(((package, child),))
             elif module == "stand-ins":
-                stand_ins.append(deferred_imports.stand_in("importlib.metadata",
-                                                           version=deferred_imports.installed_version))
+                stand_ins.append(deferred_imports.stand_in_for_versions())
             elif module == "withdraw stand-ins":
                 for placeholder in stand_ins:
                     deferred_imports.withdraw(placeholder)

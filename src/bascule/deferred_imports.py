@@ -181,6 +181,12 @@ def stand_in(name: str, **names: Any) -> types.ModuleType | None:
     return placeholder
 
 
+def stand_in_for_versions() -> types.ModuleType | None:
+    """``stand_in`` for importlib.metadata with ``installed_version`` as its ``version``: for the
+    server's imports, where nats-py and crc32c read their own versions and nothing else of it."""
+    return stand_in("importlib.metadata", version=installed_version)
+
+
 def withdraw(placeholder: types.ModuleType | None) -> None:
     """``stand_in``'s placeholder out of ``sys.modules`` (if still there): the module imports as usual
     from now on. Modules that took names from it keep them."""

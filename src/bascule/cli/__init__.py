@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -283,7 +284,8 @@ def _server(argv: list[str]) -> int:
     return run_from_args(args, config)
 
 
-_server_imports: dict[str, Any] | None = None  # the stand-ins of prepare_server_imports, until import_server
+# The stand-ins prepare_server_imports put in sys.modules, until import_server withdraws them; None before.
+_stand_ins: list[ModuleType | None] | None = None
 
 
 def prepare_server_imports() -> None:
@@ -291,16 +293,14 @@ def prepare_server_imports() -> None:
     (``dataclass_code``); ssl, nats-py's JetStream API and protobuf's pure-Python messages are loaded on
     first use (``deferred_imports``); and nats-py and crc32c look their versions up at their import
     without importlib.metadata (``installed_version``; 2.7 MiB resident, 15 ms)."""
-    global _server_imports
-    if _server_imports is not None or "bascule.server" in sys.modules:
+    global _stand_ins
+    if _stand_ins is not None or "bascule.server" in sys.modules:
         return
     from bascule import dataclass_code, deferred_imports
 
     dataclass_code.install()
     deferred_imports.defer_ssl()
-    _server_imports = {
-        "metadata": deferred_imports.stand_in("importlib.metadata", version=deferred_imports.installed_version),
-    }
+    _stand_ins = [deferred_imports.stand_in_for_versions()]
     deferred_imports.defer_submodules()
 
 
@@ -308,7 +308,7 @@ def import_server(write_code: bool | None = None, tls: bool = True) -> None:
     """The server's modules, imported after ``prepare_server_imports``, with ssl unless ``tls`` is
     false (then it is imported at its first use: a NATS server that asks for TLS); the dataclasses'
     code file written as ``dataclass_code.finish``'s ``write`` says."""
-    global _server_imports
+    global _stand_ins
     if "bascule.server" in sys.modules:
         return
     prepare_server_imports()
@@ -318,7 +318,7 @@ def import_server(write_code: bool | None = None, tls: bool = True) -> None:
         deferred_imports.load_ssl()
     import bascule.server  # noqa: F401
 
-    for placeholder in (_server_imports or {}).values():
+    for placeholder in _stand_ins or []:
         deferred_imports.withdraw(placeholder)
-    _server_imports = None
+    _stand_ins = None
     dataclass_code.finish(write=write_code)
