@@ -409,9 +409,6 @@ class _AsyncCall:
         self.inbox = rpcs.publishing.new_ack_inbox()  # what its acks name, as Liftbridge's session inbox
         self.burst = _Burst(rpcs.publishing, self.respond, self.publish, self.inbox)
         self.resuming: dict[tuple[str, int], list[api_pb2.PublishRequest]] = {}  # partition -> requests held back
-        # While requests held back for a catch-up are taken again: the catch-up asked after they came,
-        # so a refusal of theirs stands (one that came later waits for a catch-up of its own).
-        self.caught_up_for_them = False
         self.slow: set[asyncio.Task[None]] = set()
 
     def respond(self, framed: bytes, answered: int) -> None:
@@ -436,12 +433,15 @@ class _AsyncCall:
         for task in self.slow:
             task.cancel()
 
-    def take(self, requests: list[tuple[api_pb2.PublishRequest, bytes | None]]) -> None:
+    def take(self, requests: list[tuple[api_pb2.PublishRequest, bytes | None]], caught_up: bool = False) -> None:
         """Route each request: most are plain appends to a partition this node leads, which go
         into the burst here without the general path's checks (headers, ackInbox, resuming).
         What is asked of the partition is asked once per run of requests to it (nothing changes
         while this runs: no await). A request comes with the message id taken out of its headers
-        (``_decode_taking_id``), or None; it gets it back wherever it goes but into the burst."""
+        (``_decode_taking_id``), or None; it gets it back wherever it goes but into the burst.
+        ``caught_up``: this node's metadata caught up with the metadata leader's after these
+        requests came, so a refusal from it stands; otherwise one that a change not yet applied
+        here may lift waits for a catch-up first."""
         rpcs, resuming, limit = self.rpcs, self.resuming, self.rpcs.publishing.max_message_bytes
         forward_limit = rpcs.publishing.max_forwarded_bytes
         checked = rpcs.authorization is not None
@@ -467,7 +467,7 @@ class _AsyncCall:
                     lane = rpcs._lane(*key)
                     run = self._run_of(lane)
             except PublishError as error:
-                stale = error.async_code in MAYBE_STALE and not self.caught_up_for_them
+                stale = error.async_code in MAYBE_STALE and not caught_up
                 if refusal is None and stale:
                     resuming[key] = [request if message_id is None else _with_id(request, message_id)]
                     self._spawn(self._catch_up_then_take(key))
@@ -582,11 +582,7 @@ class _AsyncCall:
             raise
         held: list[tuple[api_pb2.PublishRequest, bytes | None]] = [(r, None) for r in self.resuming.pop(key)]
         # No await in between: requests read later come after these.
-        self.caught_up_for_them = True
-        try:
-            self.take(held[:covered])
-        finally:
-            self.caught_up_for_them = False
+        self.take(held[:covered], caught_up=True)
         self.take(held[covered:])
 
     async def _resume_then_publish(self, first: api_pb2.PublishRequest) -> None:
